@@ -1,0 +1,337 @@
+"""Typed run configuration: YAML -> validated attrs objects, with ``--set`` overrides.
+
+Defaults are the paper's (DESIGN.md section 1). Component sections follow one shape: a
+``name`` chooses the component, and a sub-section named after it configures it, e.g.::
+
+    sampler:
+      name: cross          # or the shorthand `sampler: cross`
+      cross: {stale_ratio: 0.25, stale_step: 25}
+
+Sub-sections of plugin components (environments, samplers, normalizers) are validated by
+the plugin's own schema, and only when the plugin is installed: a section for a missing
+plugin fails with "install agentrl-...". See :func:`load_config`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+from attrs import field, frozen
+
+from agentrl_core.errors import ConfigError, PluginError
+from agentrl_core.structure import apply_override, in_range, load_yaml, structure, where
+
+if TYPE_CHECKING:
+    from agentrl_core.registry import Registry
+
+__all__ = ["Config", "load_config", "config_from_dict", "structure", "config_to_dict"]
+
+
+@frozen
+class RunConfig:
+    name: str = "agentrl"
+    output_dir: str = "runs/{name}"
+    seed: int = 0
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.output_dir.format(name=self.name))
+
+
+@frozen
+class ModelConfig:
+    path: str = ""
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    tool_parser: str = "qwen25"
+    chat_template: str | None = None
+    trust_remote_code: bool = False
+
+
+@frozen
+class TaskConfig:
+    """One training or evaluation task: an environment and one of its index sets."""
+
+    env: str
+    split: str = "train"
+    weight: float = field(default=1.0, validator=in_range(0.0, lo_open=True))
+    name: str | None = None
+    indices: list[int | str] | None = None
+    limit: int | None = field(default=None, validator=in_range(1))
+
+    @property
+    def task_name(self) -> str:
+        return self.name or f"{self.env}-{self.split}"
+
+
+@frozen
+class ControllerConfig:
+    url: str | None = None  # None: start an embedded controller and workers
+    host: str = "127.0.0.1"
+    port: int = 0
+    heartbeat_interval: float = field(default=8.0, validator=in_range(0.0, lo_open=True))
+    unresponsive_after: float = field(default=11.0, validator=in_range(0.0, lo_open=True))
+    remove_after: float = field(default=300.0, validator=in_range(0.0, lo_open=True))
+    idle_session_timeout: float = field(default=300.0, validator=in_range(0.0, lo_open=True))
+    request_timeout: float = field(default=120.0, validator=in_range(0.0, lo_open=True))
+    workers_per_env: int = field(default=1, validator=in_range(1))
+
+
+@frozen
+class RolloutConfig:
+    n_samples: int = field(default=8, validator=in_range(1))
+    batch_size: int = field(default=256, validator=in_range(1))
+    concurrency: int = field(default=2048, validator=in_range(1))
+    max_turns: int = field(default=20, validator=in_range(1))
+    max_total_len: int = field(default=8192, validator=in_range(16))
+    max_new_tokens: int = field(default=1024, validator=in_range(1))
+    temperature: float = field(default=0.8, validator=in_range(0.0, lo_open=True))
+    top_p: float = field(default=1.0, validator=in_range(0.0, 1.0, lo_open=True))
+    top_k: int = -1
+    incomplete_punishment: float = -0.2
+    agent_loop: str = "chat"
+    warmup_factor: float = field(default=1.7, validator=in_range(1.0))
+    buffer_max_factor: float = field(default=2.0, validator=in_range(1.0))
+    max_infra_retries: int = field(default=2, validator=in_range(0))
+    staleness_bound: int | None = field(default=None, validator=in_range(0))
+
+
+@frozen
+class HFEngineOptions:
+    max_running_requests: int = field(default=64, validator=in_range(1))
+    threads: int | None = field(default=None, validator=in_range(1))
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+
+@frozen
+class SGLangOptions:
+    python: str = "python"
+    tp_size: int = field(default=1, validator=in_range(1))
+    mem_fraction_static: float | None = field(default=None, validator=in_range(0.0, 1.0, lo_open=True))
+    extra_args: list[str] = field(factory=list)
+    startup_timeout: float = field(default=900.0, validator=in_range(0.0, lo_open=True))
+
+
+@frozen
+class EngineConfig:
+    driver: str = "hf"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    num_engines: int = field(default=1, validator=in_range(1))
+    rollout_ratio: float = field(default=0.5, validator=in_range(0.0, 1.0, lo_open=True))
+    urls: list[str] = field(factory=list)  # pre-launched engines (skip the driver)
+    hf: HFEngineOptions = field(factory=HFEngineOptions)
+    sglang: SGLangOptions = field(factory=SGLangOptions)
+
+
+@frozen
+class SamplerConfig:
+    __shorthand__ = "name"
+    __extra_sections__ = "options"
+
+    name: str = "current"
+    options: dict[str, Any] = field(factory=dict)
+
+
+@frozen
+class AdvantageConfig:
+    __extra_sections__ = "options"
+
+    estimator: str = "grpo"
+    normalizers: list[str] = field(factory=list)
+    options: dict[str, Any] = field(factory=dict)
+
+
+@frozen
+class LossConfig:
+    name: str = "ppo_dual_clip"
+    clip_low: float = field(default=0.2, validator=in_range(0.0, lo_open=True))
+    clip_high: float = field(default=0.2, validator=in_range(0.0, lo_open=True))
+    dual_clip_c: float = field(default=3.0, validator=in_range(1.0, lo_open=True))
+    kl_coef: float = field(default=1e-4, validator=in_range(0.0))
+    kl_clamp: float = field(default=10.0, validator=in_range(0.0, lo_open=True))
+    entropy_coef: float = 0.0
+    aggregation: Literal["token-mean", "seq-mean"] = "token-mean"
+
+
+@frozen
+class OptimConfig:
+    lr: float = field(default=1e-6, validator=in_range(0.0, lo_open=True))
+    betas: list[float] = field(factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = field(default=0.0, validator=in_range(0.0))
+    grad_clip: float = field(default=1.0, validator=in_range(0.0, lo_open=True))
+    warmup_steps: int = field(default=0, validator=in_range(0))
+
+
+@frozen
+class TrainConfig:
+    mode: Literal["async", "sync"] = "async"
+    total_steps: int = field(default=100, validator=in_range(1))
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    world_size: int = field(default=1, validator=in_range(1))
+    max_tokens_per_micro_batch: int = field(default=8192, validator=in_range(1))
+    gradient_checkpointing: bool = False
+    reference: bool = True  # keep a frozen reference model (needed when kl_coef > 0)
+    checkpoint_every: int = field(default=50, validator=in_range(0))
+    keep_checkpoints: int = field(default=3, validator=in_range(1))
+    save_hf_model: bool = False
+    eval_every: int = field(default=0, validator=in_range(0))
+    eval_tasks: list[TaskConfig] = field(factory=list)
+
+
+@frozen
+class WeightSyncConfig:
+    transport: str = "collective"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    bucket_mb: float = field(default=512.0, validator=in_range(0.0, lo_open=True))
+    disk_path: str | None = None
+
+
+@frozen
+class LaunchConfig:
+    address: str | None = None  # Ray cluster address; None starts a local Ray
+    use_ray: bool = True
+    num_cpus: int | None = field(default=None, validator=in_range(1))
+    num_gpus: int | None = field(default=None, validator=in_range(0))
+
+
+@frozen
+class LoggingConfig:
+    loggers: list[str] = field(factory=lambda: ["jsonl"])
+    sample_rollouts: int = field(default=2, validator=in_range(0))
+    progress: bool = True
+
+
+@frozen
+class Config:
+    run: RunConfig = field(factory=RunConfig)
+    model: ModelConfig = field(factory=ModelConfig)
+    tasks: list[TaskConfig] = field(factory=list)
+    environments: dict[str, Any] = field(factory=dict)
+    controller: ControllerConfig = field(factory=ControllerConfig)
+    rollout: RolloutConfig = field(factory=RolloutConfig)
+    engine: EngineConfig = field(factory=EngineConfig)
+    sampler: SamplerConfig = field(factory=SamplerConfig)
+    advantage: AdvantageConfig = field(factory=AdvantageConfig)
+    loss: LossConfig = field(factory=LossConfig)
+    optim: OptimConfig = field(factory=OptimConfig)
+    train: TrainConfig = field(factory=TrainConfig)
+    weight_sync: WeightSyncConfig = field(factory=WeightSyncConfig)
+    launch: LaunchConfig = field(factory=LaunchConfig)
+    logging: LoggingConfig = field(factory=LoggingConfig)
+
+    def environment_config(self, env: str) -> Any:
+        """The validated config object of environment ``env`` (schema defaults if absent)."""
+        return self.environments.get(env)
+
+    def component_config(self, section: str, name: str) -> Any:
+        return getattr(self, section).options.get(name)
+
+
+def config_from_dict(
+    data: Mapping[str, Any] | None,
+    *,
+    marks: Mapping[str, str] | None = None,
+    registry: Registry | None = None,
+    validate_plugins: bool = True,
+) -> Config:
+    """Structure and validate a config mapping, including plugin sections."""
+    config = structure(Config, dict(data or {}), marks=marks)
+    if validate_plugins:
+        from agentrl_core.registry import Registry
+
+        config = validate_plugin_sections(config, registry or Registry(), marks)
+    return config
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    *,
+    registry: Registry | None = None,
+    validate_plugins: bool = True,
+) -> Config:
+    """Load a YAML file (or nothing: all defaults) and apply ``key=value`` overrides."""
+    data: dict[str, Any] = {}
+    marks: dict[str, str] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        data, marks = load_yaml(path.read_text(), source=path.name)
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path.name} must hold a mapping at the top level, got {type(data).__name__}")
+    for assignment in overrides:
+        apply_override(data, assignment)
+        key = assignment.partition("=")[0].strip()
+        for depth in range(key.count(".") + 1, 0, -1):  # the key and its parents point at --set
+            marks.setdefault(".".join(key.split(".")[:depth]), f"--set {assignment}")
+        marks[key] = f"--set {assignment}"
+    return config_from_dict(data, marks=marks, registry=registry, validate_plugins=validate_plugins)
+
+
+def validate_plugin_sections(config: Config, registry: Registry, marks: Mapping[str, str] | None = None) -> Config:
+    """Validate every component choice and plugin sub-section against the registry."""
+
+    def spec_or_error(kind: str, name: str, path: str) -> None:
+        try:
+            registry.spec(kind, name)
+        except PluginError as exc:
+            raise ConfigError(f"{path}{where(path, marks)}: {exc}") from None
+
+    def validated(kind: str, name: str, section: Any, path: str) -> Any:
+        spec_or_error(kind, name, path)
+        schema = registry.config_schema(kind, name)
+        if schema is None:
+            if section:
+                raise ConfigError(f"{path}{where(path, marks)}: {kind.replace('_', ' ')} {name!r} takes no options")
+            return None
+        return structure(schema, section or {}, path=path, marks=marks)
+
+    envs = {}
+    used_envs = {t.env for t in (*config.tasks, *config.train.eval_tasks)} | set(config.environments)
+    for i, task in enumerate(config.tasks):
+        spec_or_error("environment", task.env, f"tasks[{i}].env")
+    for env in sorted(used_envs):
+        envs[env] = validated("environment", env, config.environments.get(env), f"environments.{env}")
+
+    spec_or_error("sampler", config.sampler.name, "sampler.name")
+    sampler_options = {
+        name: validated("sampler", name, section, f"sampler.{name}") for name, section in config.sampler.options.items()
+    }
+    if config.sampler.name not in sampler_options:
+        sampler_options[config.sampler.name] = validated("sampler", config.sampler.name, None, "sampler.name")
+
+    spec_or_error("advantage_estimator", config.advantage.estimator, "advantage.estimator")
+    for i, name in enumerate(config.advantage.normalizers):
+        spec_or_error("advantage_normalizer", name, f"advantage.normalizers[{i}]")
+    adv_options = {}
+    for name, section in config.advantage.options.items():
+        kind = "advantage_normalizer" if name in registry.names("advantage_normalizer") else None
+        if kind is None and name in registry.names("advantage_estimator"):
+            kind = "advantage_estimator"
+        adv_options[name] = validated(kind or "advantage_normalizer", name, section, f"advantage.{name}")
+    for name in config.advantage.normalizers:
+        adv_options.setdefault(name, validated("advantage_normalizer", name, None, "advantage.normalizers"))
+
+    spec_or_error("policy_loss", config.loss.name, "loss.name")
+    spec_or_error("rollout_engine", config.engine.driver, "engine.driver")
+    spec_or_error("weight_sync_transport", config.weight_sync.transport, "weight_sync.transport")
+    spec_or_error("tool_parser", config.model.tool_parser, "model.tool_parser")
+    spec_or_error("agent_loop", config.rollout.agent_loop, "rollout.agent_loop")
+    for i, name in enumerate(config.logging.loggers):
+        spec_or_error("logger", name, f"logging.loggers[{i}]")
+
+    return attrs.evolve(
+        config,
+        environments=envs,
+        sampler=attrs.evolve(config.sampler, options=sampler_options),
+        advantage=attrs.evolve(config.advantage, options=adv_options),
+    )
+
+
+def config_to_dict(config: Any) -> Any:
+    """A plain, YAML-serializable dict of a (validated) config."""
+    return attrs.asdict(config, recurse=True) if attrs.has(type(config)) else config

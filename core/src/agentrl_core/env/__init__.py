@@ -1,0 +1,52 @@
+"""The environment API for plugins (DESIGN.md sections 3-4).
+
+Import what you need from here::
+
+    from agentrl_core.env import Environment, ToolSession, Step, Status, function_tool
+
+The worker, controller and client of the control plane live in submodules
+(``agentrl_core.env.worker``, ``.controller``, ``.client``) and are not imported here.
+"""
+
+from agentrl_core.env.api import Environment, ThreadedSession, ToolSession, UnknownIndexError, run_blocking
+from agentrl_core.env.episodes import Episode, play_episode, read_demonstrations, write_demonstrations
+from agentrl_core.env.tools import (
+    BadTurn,
+    ToolCall,
+    assistant_tool_call,
+    error_observation,
+    first_tool_call,
+    function_tool,
+    parse_tool_call,
+    tool_result,
+    tool_schema_errors,
+)
+from agentrl_core.errors import EnvError, SessionError
+from agentrl_core.types import Index, Message, Status, Step
+
+__all__ = [
+    "BadTurn",
+    "EnvError",
+    "Environment",
+    "Episode",
+    "Index",
+    "Message",
+    "SessionError",
+    "Status",
+    "Step",
+    "ThreadedSession",
+    "ToolCall",
+    "ToolSession",
+    "UnknownIndexError",
+    "assistant_tool_call",
+    "error_observation",
+    "first_tool_call",
+    "function_tool",
+    "parse_tool_call",
+    "play_episode",
+    "read_demonstrations",
+    "run_blocking",
+    "tool_result",
+    "tool_schema_errors",
+    "write_demonstrations",
+]

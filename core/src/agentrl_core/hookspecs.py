@@ -1,0 +1,170 @@
+"""Hook specifications: the extension surface of agentrl (DESIGN.md section 3).
+
+Every hook takes no arguments and returns an iterable of registration records. Core
+calls them only through :mod:`agentrl_core.registry`. None is ``firstresult``: every
+installed plugin contributes, and duplicate names are an error listing every provider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from agentrl_core.types import (
+        AdvantageEstimatorSpec,
+        AdvantageNormalizerSpec,
+        AgentLoopSpec,
+        EnvironmentSpec,
+        LoggerSpec,
+        PolicyLossSpec,
+        RolloutEngineSpec,
+        SamplerSpec,
+        ToolParserSpec,
+        WeightSyncTransportSpec,
+    )
+
+PROJECT = "agentrl"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def agentrl_environments() -> Iterable[EnvironmentSpec]:
+    """Environments this plugin provides.
+
+    The factory is called with the plugin's validated config section and returns an
+    :class:`agentrl_core.protocols.Environment`::
+
+        from agentrl_core import hookimpl
+        from agentrl_core.types import EnvironmentSpec
+
+        @hookimpl
+        def agentrl_environments():
+            return [EnvironmentSpec(
+                name="calc",
+                factory="agentrl_plugin_example.env:CalcEnvironment",
+                config_schema="agentrl_plugin_example.env:CalcConfig",
+                description="arithmetic with a calculator tool",
+            )]
+    """
+
+
+@hookspec
+def agentrl_samplers() -> Iterable[SamplerSpec]:
+    """Per-turn pool samplers (built-in: ``current``).
+
+    The factory takes the config section and returns a Sampler with ``pools()`` and
+    ``choose(turn_context)``::
+
+        @hookimpl
+        def agentrl_samplers():
+            return [SamplerSpec(name="cross", factory="agentrl_sampler_cross.sampler:CrossSampler",
+                                config_schema="agentrl_sampler_cross.sampler:CrossConfig")]
+    """
+
+
+@hookspec
+def agentrl_advantage_estimators() -> Iterable[AdvantageEstimatorSpec]:
+    """Group advantage estimators (built-in: ``grpo``, ``rloo``, ``reinforce_pp_baseline``).
+
+    The factory takes the config section and returns a callable
+    ``(rewards [B], group_ids, loss_mask [B, L]) -> advantages [B, L]``::
+
+        @hookimpl
+        def agentrl_advantage_estimators():
+            return [AdvantageEstimatorSpec(name="grpo_no_std", factory="my_pkg.adv:make_grpo_no_std")]
+    """
+
+
+@hookspec
+def agentrl_advantage_normalizers() -> Iterable[AdvantageNormalizerSpec]:
+    """Batch-level advantage normalizers, run after the estimator in configured order.
+
+    The factory takes the config section and returns a callable
+    ``(AdvantageBatch) -> AdvantageBatch``::
+
+        @hookimpl
+        def agentrl_advantage_normalizers():
+            return [AdvantageNormalizerSpec(name="task", factory="agentrl_advnorm_task.norm:TaskNormalizer",
+                                            config_schema="agentrl_advnorm_task.norm:TaskNormConfig")]
+    """
+
+
+@hookspec
+def agentrl_policy_losses() -> Iterable[PolicyLossSpec]:
+    """Policy losses (built-in: ``ppo_dual_clip``).
+
+    The factory takes the config section and returns a callable
+    ``(logprobs, old_logprobs, ref_logprobs, advantages, loss_mask, config) -> (loss, metrics)``::
+
+        @hookimpl
+        def agentrl_policy_losses():
+            return [PolicyLossSpec(name="gspo", factory="my_pkg.loss:make_gspo")]
+    """
+
+
+@hookspec
+def agentrl_weight_sync_transports() -> Iterable[WeightSyncTransportSpec]:
+    """How learner weights reach engines (built-in: ``collective``, ``disk``).
+
+    The factory takes the config section and returns a WeightSyncTransport with
+    ``connect(learner_rank0, engines)`` and ``send(named_tensors, version)``::
+
+        @hookimpl
+        def agentrl_weight_sync_transports():
+            return [WeightSyncTransportSpec(name="shm", factory="my_pkg.sync:SharedMemoryTransport")]
+    """
+
+
+@hookspec
+def agentrl_rollout_engines() -> Iterable[RolloutEngineSpec]:
+    """Engine drivers (built-in: ``hf``, ``sglang``).
+
+    The factory takes the config section and returns an EngineDriver with
+    ``launch(pool, model_path, devices) -> [endpoint]`` and ``shutdown()``::
+
+        @hookimpl
+        def agentrl_rollout_engines():
+            return [RolloutEngineSpec(name="vllm", factory="my_pkg.vllm_driver:VLLMDriver")]
+    """
+
+
+@hookspec
+def agentrl_tool_parsers() -> Iterable[ToolParserSpec]:
+    """Parsers from model text to tool calls (built-in: ``qwen25``, ``hermes``).
+
+    The factory takes the config section and returns a ToolParser whose
+    ``parse(text, tools) -> (calls, normal_text, error)`` never raises::
+
+        @hookimpl
+        def agentrl_tool_parsers():
+            return [ToolParserSpec(name="llama3_json", factory="my_pkg.parsers:Llama3JsonParser")]
+    """
+
+
+@hookspec
+def agentrl_agent_loops() -> Iterable[AgentLoopSpec]:
+    """Agent loops that turn a task into a Trajectory (built-in: ``chat``).
+
+    The factory takes the config section and returns an AgentLoop with ``async run(request)``::
+
+        @hookimpl
+        def agentrl_agent_loops():
+            return [AgentLoopSpec(name="react_text", factory="my_pkg.loop:ReactTextLoop")]
+    """
+
+
+@hookspec
+def agentrl_loggers() -> Iterable[LoggerSpec]:
+    """Metric sinks (built-in: ``jsonl``, ``tensorboard``).
+
+    The factory takes the config section and the run directory and returns a Logger with
+    ``log(step, metrics)`` and ``close()``::
+
+        @hookimpl
+        def agentrl_loggers():
+            return [LoggerSpec(name="wandb", factory="my_pkg.wandb_logger:WandbLogger")]
+    """

@@ -1,0 +1,180 @@
+"""Plugin manager factory, entry-point loading and listing.
+
+Nothing is loaded at import time. :func:`get_plugin_manager` builds a fresh manager:
+core's built-ins are registered explicitly, then every entry point of group ``agentrl``
+is loaded in its own ``try``: a broken plugin is recorded (name, distribution, versions,
+error) and skipped, unless ``AGENTRL_STRICT_PLUGINS=1``. ``AGENTRL_PLUGINS=a,b`` loads
+only those entry points; ``AGENTRL_DISABLE_PLUGINS=x,y`` blocks some.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from importlib import metadata
+
+import attrs
+import pluggy
+from attrs import frozen
+
+from agentrl_core import hookspecs
+from agentrl_core._version import __version__
+from agentrl_core.errors import PluginError
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "agentrl"
+CORE_DISTRIBUTION = "agentrl-core"
+BUILTIN_PLUGIN = "agentrl_core.builtins"
+
+
+@frozen
+class PluginRecord:
+    """What is known about one plugin: loaded or not, and why."""
+
+    name: str
+    distribution: str
+    version: str
+    status: str  # "ok", "failed" or "disabled"
+    error: str | None = None
+    hooks: tuple[str, ...] = ()
+    provides: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "status": self.status,
+            "error": self.error,
+            "hooks": list(self.hooks),
+            "provides": {k: list(v) for k, v in self.provides.items()},
+        }
+
+
+class AgentrlPluginManager(pluggy.PluginManager):
+    """A pluggy manager that remembers which distribution each plugin came from."""
+
+    def __init__(self) -> None:
+        super().__init__(hookspecs.PROJECT)
+        self.add_hookspecs(hookspecs)
+        self.records: dict[str, PluginRecord] = {}
+
+    def distribution_of(self, plugin_name: str) -> tuple[str, str]:
+        record = self.records.get(plugin_name)
+        if record is None:
+            return ("<unknown>", "?")
+        return (record.distribution, record.version)
+
+    def record_failure(self, plugin_name: str, error: str) -> None:
+        """Mark a registered plugin as failed (e.g. its hook raised) and unregister it."""
+        record = self.records.get(plugin_name)
+        if record is not None:
+            self.records[plugin_name] = attrs.evolve(record, status="failed", error=error)
+        plugin = self.get_plugin(plugin_name)
+        if plugin is not None:
+            self.unregister(plugin)
+
+
+def _split_env(value: str | None) -> set[str]:
+    return {item.strip() for item in (value or "").split(",") if item.strip()}
+
+
+def strict_plugins(environ: Mapping[str, str] | None = None) -> bool:
+    environ = os.environ if environ is None else environ
+    return environ.get("AGENTRL_STRICT_PLUGINS", "") not in ("", "0", "false", "no")
+
+
+def get_plugin_manager(
+    *,
+    load_entry_points: bool = True,
+    environ: Mapping[str, str] | None = None,
+    extra_plugins: Mapping[str, object] | None = None,
+) -> AgentrlPluginManager:
+    """Build a fresh plugin manager.
+
+    ``extra_plugins`` maps names to plugin objects (modules or instances with ``@hookimpl``
+    functions) registered after the built-ins; tests use it through
+    :func:`agentrl_core.testing.register_plugin`.
+    """
+    environ = os.environ if environ is None else environ
+    pm = AgentrlPluginManager()
+    _register_builtins(pm)
+    for name, plugin in (extra_plugins or {}).items():
+        pm.register(plugin, name=name)
+        pm.records[name] = PluginRecord(name, "<test>", "0", "ok", hooks=_hook_names(pm, plugin))
+    if load_entry_points:
+        _load_entry_points(pm, environ)
+    return pm
+
+
+def _register_builtins(pm: AgentrlPluginManager) -> None:
+    import importlib
+
+    module = importlib.import_module(BUILTIN_PLUGIN)
+    pm.register(module, name="core")
+    pm.records["core"] = PluginRecord("core", CORE_DISTRIBUTION, __version__, "ok", hooks=_hook_names(pm, module))
+
+
+def _hook_names(pm: pluggy.PluginManager, plugin: object) -> tuple[str, ...]:
+    callers = pm.get_hookcallers(plugin) or []
+    return tuple(sorted(caller.name for caller in callers))
+
+
+def _entry_points() -> list[metadata.EntryPoint]:
+    return sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+
+
+def _load_entry_points(pm: AgentrlPluginManager, environ: Mapping[str, str]) -> None:
+    only = _split_env(environ.get("AGENTRL_PLUGINS"))
+    disabled = _split_env(environ.get("AGENTRL_DISABLE_PLUGINS"))
+    strict = strict_plugins(environ)
+    seen: set[str] = set()
+    for ep in _entry_points():
+        if ep.name in seen:  # the same distribution visible twice on sys.path
+            continue
+        seen.add(ep.name)
+        dist = ep.dist.name if ep.dist is not None else "<unknown>"
+        version = ep.dist.version if ep.dist is not None else "?"
+        if (only and ep.name not in only) or ep.name in disabled:
+            why = "not in AGENTRL_PLUGINS" if only and ep.name not in only else "in AGENTRL_DISABLE_PLUGINS"
+            pm.records[ep.name] = PluginRecord(ep.name, dist, version, "disabled", error=why)
+            continue
+        try:
+            plugin = ep.load()
+            pm.register(plugin, name=ep.name)
+        except Exception as exc:  # a broken plugin must not take the others down
+            message = (
+                f"plugin {ep.name!r} from {dist} {version} failed to load with agentrl-core "
+                f"{__version__}: {type(exc).__name__}: {exc}"
+            )
+            if strict:
+                raise PluginError(message + " (AGENTRL_STRICT_PLUGINS is set)") from exc
+            log.warning("%s; skipped (set AGENTRL_STRICT_PLUGINS=1 to make this fatal)", message)
+            pm.records[ep.name] = PluginRecord(ep.name, dist, version, "failed", error=f"{type(exc).__name__}: {exc}")
+            continue
+        pm.records[ep.name] = PluginRecord(ep.name, dist, version, "ok", hooks=_hook_names(pm, plugin))
+
+
+def list_plugins(pm: AgentrlPluginManager, *, include_core: bool = False) -> list[PluginRecord]:
+    """Every plugin known to ``pm`` with the component names it provides.
+
+    Building the list calls every registration hook, so a plugin whose hook raises shows
+    up here as failed too.
+    """
+    from agentrl_core.registry import Registry
+
+    registry = Registry(pm)
+    provided = registry.provided_by_plugin()
+    out = []
+    for name, record in sorted(pm.records.items()):
+        if name == "core" and not include_core:
+            continue
+        record = pm.records[name]  # may have been marked failed while collecting
+        out.append(attrs.evolve(record, provides=provided.get(name, {})))
+    return out

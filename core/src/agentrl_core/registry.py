@@ -1,0 +1,206 @@
+"""Typed access to the components plugins register.
+
+:class:`Registry` calls each registration hook once per plugin (so every record is
+attributed to the plugin that yielded it), validates the records, and answers lookups:
+a duplicate name is one error listing every providing distribution; an unknown name gets
+close matches and the installed names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from agentrl_core._version import __version__
+from agentrl_core.errors import PluginError
+from agentrl_core.plugins import AgentrlPluginManager, get_plugin_manager, strict_plugins
+from agentrl_core.types import (
+    AdvantageEstimatorSpec,
+    AdvantageNormalizerSpec,
+    AgentLoopSpec,
+    ComponentSpec,
+    EnvironmentSpec,
+    LoggerSpec,
+    PolicyLossSpec,
+    RolloutEngineSpec,
+    SamplerSpec,
+    ToolParserSpec,
+    WeightSyncTransportSpec,
+)
+
+log = logging.getLogger(__name__)
+
+# kind -> (hook name, record class, distribution naming convention for "install ..." hints)
+KINDS: dict[str, tuple[str, type[ComponentSpec], str | None]] = {
+    "environment": ("agentrl_environments", EnvironmentSpec, "agentrl-env-{}"),
+    "sampler": ("agentrl_samplers", SamplerSpec, "agentrl-sampler-{}"),
+    "advantage_estimator": ("agentrl_advantage_estimators", AdvantageEstimatorSpec, None),
+    "advantage_normalizer": ("agentrl_advantage_normalizers", AdvantageNormalizerSpec, "agentrl-advnorm-{}"),
+    "policy_loss": ("agentrl_policy_losses", PolicyLossSpec, None),
+    "weight_sync_transport": ("agentrl_weight_sync_transports", WeightSyncTransportSpec, None),
+    "rollout_engine": ("agentrl_rollout_engines", RolloutEngineSpec, None),
+    "tool_parser": ("agentrl_tool_parsers", ToolParserSpec, None),
+    "agent_loop": ("agentrl_agent_loops", AgentLoopSpec, None),
+    "logger": ("agentrl_loggers", LoggerSpec, None),
+}
+
+
+@attrs.frozen
+class Provided:
+    spec: ComponentSpec
+    plugin: str
+    distribution: str
+    version: str
+
+
+def install_hint(kind: str, name: str) -> str:
+    pattern = KINDS[kind][2]
+    if pattern is None:
+        return ""
+    return f" (install {pattern.format(name.replace('_', '-'))}?)"
+
+
+class Registry:
+    """Every component registered in one plugin manager, grouped by kind."""
+
+    def __init__(self, pm: AgentrlPluginManager | None = None) -> None:
+        self.pm = pm if pm is not None else get_plugin_manager()
+        self._by_kind: dict[str, dict[str, list[Provided]]] = {}
+        for kind in KINDS:
+            self._by_kind[kind] = self._collect(kind)
+
+    def _collect(self, kind: str) -> dict[str, list[Provided]]:
+        hook_name, record_type, _ = KINDS[kind]
+        caller = getattr(self.pm.hook, hook_name)
+        found: dict[str, list[Provided]] = {}
+        for impl in caller.get_hookimpls():
+            dist, version = self.pm.distribution_of(impl.plugin_name)
+            try:
+                records = list(impl.function() or ())
+                for record in records:
+                    if not isinstance(record, record_type):
+                        raise PluginError(
+                            f"{hook_name} must yield {record_type.__name__} records, got {type(record).__name__}"
+                        )
+            except Exception as exc:
+                message = (
+                    f"plugin {impl.plugin_name!r} from {dist} {version} failed in {hook_name} with "
+                    f"agentrl-core {__version__}: {type(exc).__name__}: {exc}"
+                )
+                if strict_plugins():
+                    raise PluginError(message) from exc
+                log.warning("%s; skipped", message)
+                self.pm.record_failure(impl.plugin_name, f"{type(exc).__name__}: {exc}")
+                continue
+            for record in records:
+                found.setdefault(record.name, []).append(Provided(record, impl.plugin_name, dist, version))
+        return found
+
+    # -- lookups --------------------------------------------------------------------
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self._by_kind[kind])
+
+    def providers(self, kind: str, name: str) -> list[Provided]:
+        return list(self._by_kind[kind].get(name, []))
+
+    def spec(self, kind: str, name: str) -> ComponentSpec:
+        """The unique record for ``name``, or a :class:`PluginError` that says what to do."""
+        providers = self._by_kind[kind].get(name)
+        if not providers:
+            installed = self.names(kind)
+            close = difflib.get_close_matches(name, installed, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise PluginError(
+                f"unknown {kind.replace('_', ' ')} {name!r}{hint}{install_hint(kind, name)} "
+                f"Installed: {', '.join(installed) or 'none'}."
+            )
+        if len(providers) > 1:
+            who = ", ".join(f"{p.distribution} {p.version} (plugin {p.plugin!r})" for p in providers)
+            raise PluginError(
+                f"{kind.replace('_', ' ')} {name!r} is provided by several plugins: {who}; "
+                "uninstall one or block it with AGENTRL_DISABLE_PLUGINS."
+            )
+        return providers[0].spec
+
+    def config_schema(self, kind: str, name: str) -> type | None:
+        return self.spec(kind, name).load_config_schema()
+
+    def build(self, kind: str, name: str, config: Any = None, **kwargs: Any) -> Any:
+        """Instantiate a component: ``factory(config, **kwargs)``.
+
+        ``config`` may be ``None`` (schema defaults are used), a mapping (validated by the
+        schema) or an instance of the schema.
+        """
+        spec = self.spec(kind, name)
+        config = self.make_config(kind, name, config)
+        factory: Callable[..., Any] = spec.load_factory()
+        return factory(config, **kwargs)
+
+    def make_config(self, kind: str, name: str, config: Any = None) -> Any:
+        schema = self.config_schema(kind, name)
+        if schema is None:
+            if config:
+                raise PluginError(f"{kind.replace('_', ' ')} {name!r} takes no configuration, got {config!r}.")
+            return None
+        if config is None or isinstance(config, dict):
+            from agentrl_core.config import structure
+
+            return structure(schema, config or {}, path=f"{name}")
+        if not isinstance(config, schema):
+            raise PluginError(f"config for {name!r} must be a {schema.__name__} or a mapping, got {type(config).__name__}.")
+        return config
+
+    def provided_by_plugin(self) -> dict[str, dict[str, tuple[str, ...]]]:
+        out: dict[str, dict[str, list[str]]] = {}
+        for kind, by_name in self._by_kind.items():
+            for name, providers in by_name.items():
+                for p in providers:
+                    out.setdefault(p.plugin, {}).setdefault(kind, []).append(name)
+        return {plugin: {k: tuple(sorted(v)) for k, v in kinds.items()} for plugin, kinds in out.items()}
+
+    # -- typed accessors ------------------------------------------------------------
+
+    def get_environment(self, name: str) -> EnvironmentSpec:
+        return self.spec("environment", name)  # type: ignore[return-value]
+
+    def get_sampler(self, name: str) -> SamplerSpec:
+        return self.spec("sampler", name)  # type: ignore[return-value]
+
+    def get_advantage_estimator(self, name: str) -> AdvantageEstimatorSpec:
+        return self.spec("advantage_estimator", name)  # type: ignore[return-value]
+
+    def get_advantage_normalizer(self, name: str) -> AdvantageNormalizerSpec:
+        return self.spec("advantage_normalizer", name)  # type: ignore[return-value]
+
+    def get_policy_loss(self, name: str) -> PolicyLossSpec:
+        return self.spec("policy_loss", name)  # type: ignore[return-value]
+
+    def get_weight_sync_transport(self, name: str) -> WeightSyncTransportSpec:
+        return self.spec("weight_sync_transport", name)  # type: ignore[return-value]
+
+    def get_rollout_engine(self, name: str) -> RolloutEngineSpec:
+        return self.spec("rollout_engine", name)  # type: ignore[return-value]
+
+    def get_tool_parser(self, name: str) -> ToolParserSpec:
+        return self.spec("tool_parser", name)  # type: ignore[return-value]
+
+    def get_agent_loop(self, name: str) -> AgentLoopSpec:
+        return self.spec("agent_loop", name)  # type: ignore[return-value]
+
+    def get_logger(self, name: str) -> LoggerSpec:
+        return self.spec("logger", name)  # type: ignore[return-value]
+
+
+def get_environment(name: str, pm: AgentrlPluginManager | None = None) -> EnvironmentSpec:
+    """Shortcut: look up one environment in a freshly built registry."""
+    return Registry(pm).get_environment(name)
+
+
+def build_environment(name: str, config: Any = None, pm: AgentrlPluginManager | None = None) -> Any:
+    """Shortcut: instantiate an environment by name with its (validated) config."""
+    return Registry(pm).build("environment", name, config)

@@ -1,0 +1,134 @@
+"""Test sessions: core alone, each plugin alone with core, integration, lint.
+
+``nox`` runs every default session (what CI runs); ``nox -l`` lists them; ``nox -s env_db``
+runs one. Plugin sessions are discovered from ``plugins/*/pyproject.toml``; a plugin can
+declare in its pyproject::
+
+    [tool.agentrl.nox]
+    core_extras = ["train"]      # extras of agentrl-core it needs (default: none, so no torch)
+    setup = "tests/ci_setup.sh"  # run (as root in CI) before its tests: install services
+    pytest_args = ["-m", "not slow"]
+
+Every venv installs with ``-c constraints.txt`` (torch pinned to the local CPU wheel) and
+shares pip's cache. ``nox -s quickstart`` is the README's main job (not a test session).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import nox
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent
+CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
+nox.options.default_venv_backend = "venv"
+nox.options.error_on_missing_interpreters = True
+os.environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+
+
+def _plugins() -> dict[str, Path]:
+    found = {}
+    for path in sorted((ROOT / "plugins").glob("*/pyproject.toml")):
+        dist = path.parent.name  # e.g. agentrl-env-db
+        session = dist.removeprefix("agentrl-").replace("-", "_")  # env_db
+        found[session] = path.parent
+    return found
+
+
+PLUGINS = _plugins()
+
+
+def _settings(plugin_dir: Path) -> dict:
+    data = tomllib.loads((plugin_dir / "pyproject.toml").read_text())
+    return data.get("tool", {}).get("agentrl", {}).get("nox", {})
+
+
+def _install(session: nox.Session, *args: str) -> None:
+    session.install(*CONSTRAINTS, *args)
+
+
+def _core_spec(extras: list[str]) -> str:
+    extras = sorted({*extras, "test"})
+    return f"{ROOT / 'core'}[{','.join(extras)}]"
+
+
+def _guard(session: nox.Session, allowed: list[str]) -> None:
+    """Fail if another agentrl plugin, or a non-editable core, slipped into this venv."""
+    session.run("python", str(ROOT / "tests" / "guard_env.py"), *allowed, silent=True)
+
+
+def _pytest(session: nox.Session, *args: str) -> None:
+    session.run("python", "-m", "pytest", "-q", "-ra", *args, *session.posargs)
+
+
+@nox.session
+def core(session: nox.Session) -> None:
+    """agentrl-core alone (with its train extra), no plugin installed."""
+    _install(session, "-e", _core_spec(["train"]))
+    _guard(session, [])
+    session.chdir(ROOT)
+    _pytest(session, "tests/core")
+
+
+def _make_plugin_session(name: str, plugin_dir: Path):
+    def plugin_session(session: nox.Session) -> None:
+        settings = _settings(plugin_dir)
+        _install(session, "-e", _core_spec(settings.get("core_extras", [])), "-e", f"{plugin_dir}[test]")
+        _guard(session, [plugin_dir.name])
+        if settings.get("setup"):
+            session.run("bash", str(plugin_dir / settings["setup"]), external=True)
+        session.chdir(plugin_dir)
+        _pytest(session, *settings.get("pytest_args", []), "tests")
+
+    plugin_session.__name__ = name
+    plugin_session.__doc__ = f"{plugin_dir.name} alone with an editable core."
+    return plugin_session
+
+
+for _name, _dir in PLUGINS.items():
+    nox.session(name=_name)(_make_plugin_session(_name, _dir))
+
+
+def _install_everything(session: nox.Session) -> None:
+    args = ["-e", _core_spec(["train"])]
+    for plugin_dir in PLUGINS.values():
+        args += ["-e", f"{plugin_dir}[test]"]
+    _install(session, *args)
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """Every package together: cross-package and end-to-end tests."""
+    _install_everything(session)
+    for plugin_dir in PLUGINS.values():
+        setup = _settings(plugin_dir).get("integration_setup")
+        if setup:
+            session.run("bash", str(plugin_dir / setup), external=True)
+    session.chdir(ROOT)
+    _pytest(session, "tests/integration")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff, and the import-linter contract that core imports no plugin."""
+    _install(session, "ruff>=0.6", "import-linter>=2.1")
+    session.chdir(ROOT)
+    session.run("ruff", "check", ".")
+    session.run("python", str(ROOT / "tests" / "write_importlinter.py"), str(ROOT / ".importlinter.generated"))
+    _install(session, "-e", str(ROOT / "core"), *[x for d in PLUGINS.values() for x in ("--no-deps", "-e", str(d))])
+    session.run("lint-imports", "--config", str(ROOT / ".importlinter.generated"))
+
+
+@nox.session(default=False)
+def quickstart(session: nox.Session) -> None:
+    """The README's main job: a short CPU training run with embedded defaults."""
+    _install_everything(session)
+    session.chdir(ROOT)
+    session.run("python", str(ROOT / "examples" / "quickstart.py"), *session.posargs)

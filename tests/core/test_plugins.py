@@ -1,0 +1,151 @@
+"""The plugin layer: discovery, broken plugins, env switches, duplicates, lookups."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from agentrl_core import hookspecs
+from agentrl_core.errors import PluginError
+from agentrl_core.plugins import get_plugin_manager, list_plugins
+from agentrl_core.registry import KINDS, Registry
+from agentrl_core.testing import register_plugin, temporary_distribution
+from agentrl_core.types import EnvironmentSpec
+
+GOOD = """
+from agentrl_core import hookimpl
+from agentrl_core.types import EnvironmentSpec
+
+@hookimpl
+def agentrl_environments():
+    return [EnvironmentSpec(name="{env}", factory="{module}:Env")]
+
+class Env:
+    def __init__(self, config):
+        self.config = config
+"""
+
+BROKEN = "raise RuntimeError('this plugin is broken on purpose')\n"
+
+
+def test_builtins_are_registered_explicitly():
+    reg = Registry(get_plugin_manager(load_entry_points=False))
+    assert reg.names("advantage_estimator") == ["grpo", "reinforce_pp_baseline", "rloo"]
+    assert reg.names("sampler") == ["current"]
+    assert reg.names("policy_loss") == ["ppo_dual_clip"]
+    assert reg.names("weight_sync_transport") == ["collective", "disk"]
+    assert reg.names("rollout_engine") == ["hf", "sglang"]
+    assert reg.names("tool_parser") == ["hermes", "qwen25"]
+    assert reg.names("agent_loop") == ["chat"]
+    assert reg.names("logger") == ["jsonl", "tensorboard"]
+    assert reg.names("environment") == []
+
+
+def test_every_hook_is_documented_with_an_example():
+    specs = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("agentrl_")]
+    assert sorted(specs) == sorted(hook for hook, _, _ in KINDS.values())
+    for name in specs:
+        doc = inspect.getdoc(getattr(hookspecs, name)) or ""
+        assert "@hookimpl" in doc and "Spec(" in doc, f"{name} lacks a complete example"
+
+
+def test_entry_point_plugin_is_discovered(tmp_path):
+    src = GOOD.format(env="toyenv", module="toy_plugin")
+    with temporary_distribution(tmp_path, "agentrl-env-toy", entry_points={"env_toy": "toy_plugin"},
+                                modules={"toy_plugin": src}):
+        pm = get_plugin_manager(environ={})
+        reg = Registry(pm)
+        assert reg.get_environment("toyenv").factory == "toy_plugin:Env"
+        record = pm.records["env_toy"]
+        assert (record.distribution, record.version, record.status) == ("agentrl-env-toy", "0.0.1", "ok")
+        env = reg.build("environment", "toyenv")
+        assert env.config is None
+
+
+def test_broken_plugin_is_reported_not_fatal(tmp_path):
+    with temporary_distribution(tmp_path, "agentrl-env-broken", entry_points={"env_broken": "broken_plugin"},
+                                modules={"broken_plugin": BROKEN}):
+        pm = get_plugin_manager(environ={})
+        record = pm.records["env_broken"]
+        assert record.status == "failed"
+        assert "this plugin is broken on purpose" in record.error
+        listed = {r.name: r for r in list_plugins(pm)}
+        assert listed["env_broken"].status == "failed"
+        with pytest.raises(PluginError, match="env_broken.*agentrl-env-broken 0.0.1.*agentrl-core"):
+            get_plugin_manager(environ={"AGENTRL_STRICT_PLUGINS": "1"})
+
+
+def test_plugin_whose_hook_raises_is_reported(tmp_path):
+    src = """
+from agentrl_core import hookimpl
+
+@hookimpl
+def agentrl_environments():
+    raise ValueError("hook exploded")
+"""
+    with temporary_distribution(tmp_path, "agentrl-env-bad-hook", entry_points={"env_bad_hook": "bad_hook"},
+                                modules={"bad_hook": src}):
+        pm = get_plugin_manager(environ={})
+        records = {r.name: r for r in list_plugins(pm)}
+        assert records["env_bad_hook"].status == "failed"
+        assert "hook exploded" in records["env_bad_hook"].error
+
+
+def test_allow_and_disable_lists(tmp_path):
+    modules = {"p_one": GOOD.format(env="one", module="p_one"), "p_two": GOOD.format(env="two", module="p_two")}
+    with temporary_distribution(tmp_path, "agentrl-env-pair", entry_points={"p_one": "p_one", "p_two": "p_two"},
+                                modules=modules):
+        only = Registry(get_plugin_manager(environ={"AGENTRL_PLUGINS": "p_one"}))
+        assert "one" in only.names("environment") and "two" not in only.names("environment")
+        blocked = Registry(get_plugin_manager(environ={"AGENTRL_DISABLE_PLUGINS": "p_one"}))
+        assert "one" not in blocked.names("environment") and "two" in blocked.names("environment")
+
+
+def test_duplicate_names_list_every_distribution(tmp_path):
+    with temporary_distribution(tmp_path / "a", "agentrl-env-alpha", entry_points={"alpha": "alpha_mod"},
+                                modules={"alpha_mod": GOOD.format(env="shared", module="alpha_mod")}), \
+         temporary_distribution(tmp_path / "b", "agentrl-env-beta", entry_points={"beta": "beta_mod"},
+                                modules={"beta_mod": GOOD.format(env="shared", module="beta_mod")}):
+        reg = Registry(get_plugin_manager(environ={}))
+        with pytest.raises(PluginError) as info:
+            reg.get_environment("shared")
+        message = str(info.value)
+        assert "agentrl-env-alpha" in message and "agentrl-env-beta" in message
+
+
+def test_unknown_name_suggests_close_match():
+    class Plugin:
+        @staticmethod
+        @hookspecs.hookimpl
+        def agentrl_environments():
+            return [EnvironmentSpec(name="webshop", factory="x:y")]
+
+    reg = register_plugin(Plugin(), load_entry_points=False)
+    with pytest.raises(PluginError, match="did you mean 'webshop'"):
+        reg.get_environment("webshopp")
+    with pytest.raises(PluginError, match=r"install agentrl-env-alfworld\?"):
+        reg.get_environment("alfworld")
+
+
+@pytest.mark.parametrize("bad", ["Bad", "9x", "has-dash", "", "a b"])
+def test_spec_names_are_validated(bad):
+    with pytest.raises(PluginError, match="invalid"):
+        EnvironmentSpec(name=bad, factory="m:f")
+
+
+def test_spec_factory_must_be_a_reference():
+    with pytest.raises(PluginError, match="module:attr"):
+        EnvironmentSpec(name="ok", factory="not a reference")
+
+
+def test_importing_core_loads_no_plugin():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, agentrl_core, agentrl_core.env, agentrl_core.config\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "assert not [m for m in sys.modules if m.startswith('agentrl_') and not m.startswith('agentrl_core')]\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
