@@ -1,0 +1,1 @@
+"""Evaluation: success rate over repeats, pass@k, termination-status tables (``agentrl eval``)."""

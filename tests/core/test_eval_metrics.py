@@ -1,0 +1,40 @@
+"""Evaluation statistics against hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl_core.eval.metrics import EpisodeResult, format_table, ks_for, pass_at_k, summarize
+
+
+def test_pass_at_k_by_hand():
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert pass_at_k(5, 2, 4) == 1.0  # fewer than 4 failures: any 4 include a success
+    assert pass_at_k(3, 0, 3) == 0.0
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 3)
+    assert ks_for(8) == [1, 2, 4, 8] and ks_for(6) == [1, 2, 4, 6] and ks_for(1) == [1]
+
+
+def test_summary_leaves_infra_failures_out_of_denominators():
+    rows = [
+        # index 0: repeat 0 success, repeat 1 failure
+        EpisodeResult("db-std", 0, 0, 1.0, "completed", 3),
+        EpisodeResult("db-std", 0, 1, 0.0, "task limit reached", 15),
+        # index 1: repeat 0 success, repeat 1 success, plus one infra failure on repeat 1
+        EpisodeResult("db-std", 1, 0, 1.0, "completed", 2),
+        EpisodeResult("db-std", 1, 1, 1.0, "completed", 4),
+        EpisodeResult("db-std", 2, 1, 0.0, "task error", 1),
+    ]
+    s = summarize(rows)["db-std"]
+    assert s.episodes == 4 and s.infra_failures == 1
+    assert s.per_repeat_success == [1.0, 0.5]  # repeat 1: 1 of 2 scored (the task error is left out)
+    assert s.success_mean == pytest.approx(0.75) and s.success_std == pytest.approx(0.3535533906)
+    assert s.pass_at[1] == pytest.approx((0.5 + 1.0) / 2)
+    assert s.pass_at[2] == pytest.approx((1.0 + 1.0) / 2)
+    assert s.statuses == {"completed": 3, "task error": 1, "task limit reached": 1}
+    assert s.turns_mean == pytest.approx((3 + 15 + 2 + 4) / 4)
+    table = format_table({"db-std": s})
+    assert "0.750 ± 0.354" in table and "task error: 1" in table
