@@ -15,6 +15,7 @@ COMMANDS = [
     "plugins",
     "config_cmd",
     "demos",
+    "model",
 ]
 
 

@@ -1,0 +1,90 @@
+"""``agentrl model init``: a Qwen2 directory that the standard HF loaders read like a real checkpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import transformers
+
+CALC_TOOLS = [
+    {"type": "function", "function": {
+        "name": "calculate", "description": "Apply one arithmetic operation.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "op": {"type": "string"},
+                                                        "b": {"type": "integer"}}, "required": ["a", "op", "b"]}}},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_loads_with_auto_classes_as_qwen2(tiny_model_dir, tokenizer):
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert model.config.vocab_size == len(tokenizer)
+    assert type(tokenizer).__name__ == "Qwen2Tokenizer"
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+    assert model.config.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    gen = json.loads((tiny_model_dir / "generation_config.json").read_text())
+    assert sorted(gen["eos_token_id"]) == sorted(tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+
+
+def test_qwen_special_tokens_are_single_ids(tokenizer):
+    for token in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>", "<tool_response>"):
+        ids = tokenizer.encode(token, add_special_tokens=False)
+        assert len(ids) == 1 and tokenizer.convert_ids_to_tokens(ids[0]) == token
+    # tool-call markers survive decoding with skip_special_tokens (they are not special in Qwen2.5)
+    text = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>'
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+
+
+def test_digits_are_single_tokens_and_text_round_trips(tokenizer):
+    ids = tokenizer.encode("-1234 + 56", add_special_tokens=False)
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    # Qwen2's pre-tokenizer: one token per digit; "Ġ" is byte-level's space
+    assert [p for p in pieces if any(c.isdigit() for c in p)] == ["1", "2", "3", "4", "5", "6"]
+    for text in ("Compute ((12 + 7) * 3) - 5", 'SELECT "Name" FROM t WHERE x = \'ü\';', "  two  spaces\n\ttab"):
+        assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+def test_chat_template_renders_tools_and_tool_calls_like_qwen25(tokenizer):
+    messages = [
+        {"role": "system", "content": "Be exact."},
+        {"role": "user", "content": "Compute 12 + 7"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c0", "type": "function", "function": {"name": "calculate", "arguments": '{"a": 12, "op": "+", "b": 7}'}},
+            {"id": "c1", "type": "function", "function": {"name": "calculate", "arguments": {"a": 1, "op": "-", "b": 2}}},
+        ]},
+        {"role": "tool", "tool_call_id": "c0", "content": "Result: 19"},
+        {"role": "tool", "tool_call_id": "c1", "content": "Result: -1"},
+    ]
+    text = tokenizer.apply_chat_template(messages, tools=CALC_TOOLS, tokenize=False, add_generation_prompt=True)
+    tool_json = json.dumps(CALC_TOOLS[0], ensure_ascii=False)
+    assert text == (
+        "<|im_start|>system\nBe exact.\n\n# Tools\n\nYou may call one or more functions to assist with the user query."
+        "\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n" + tool_json +
+        "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+        "<args-json-object>}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\nCompute 12 + 7<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>\n{\"name\": \"calculate\", \"arguments\": {\"a\": 12, \"op\": \"+\", \"b\": 7}}"
+        "\n</tool_call>\n<tool_call>\n{\"name\": \"calculate\", \"arguments\": {\"a\": 1, \"op\": \"-\", \"b\": 2}}"
+        "\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nResult: 19\n</tool_response>\n<tool_response>\nResult: -1\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    plain = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert plain == "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+
+
+def test_cli_writes_a_deterministic_model(tmp_path, tiny_model_dir):
+    out = subprocess.run([sys.executable, "-m", "agentrl_core.cli.main", "model", "init", "--out", str(tmp_path / "m")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    for name in ("tokenizer.json", "model.safetensors", "config.json"):
+        assert (tmp_path / "m" / name).read_bytes() == (tiny_model_dir / name).read_bytes(), name
