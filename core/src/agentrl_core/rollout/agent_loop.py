@@ -1,0 +1,334 @@
+"""The ``chat`` agent loop: one task episode in, one token-exact Trajectory out.
+
+Per trajectory (DESIGN.md section 5):
+
+1. start a session through the environment client; encode system/user messages and tools
+   with the model's chat template (loss_mask 0);
+2. per turn: the sampler picks a pool, the pool an engine (sticky per trajectory); generate;
+   append exactly the sampled ids (loss_mask 1, their log-probs and weight version); a
+   length stop appends the end-of-turn token with loss_mask 0; an aborted turn (weights
+   being updated) is regenerated from its start, so every token of a turn has one version;
+3. parse tool calls, send the assistant message, append the observation tokens (loss_mask
+   0, see :mod:`agentrl_core.rollout.chat_encoding`);
+4. stop on finish, ``max_turns`` (``task limit reached``) or ``max_total_len`` (``agent
+   context limit``); training reward and failure kind by the status table; the session is
+   always ended, also on exception or cancellation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import anyio
+from attrs import field, frozen
+
+from agentrl_core.rollout.chat_encoding import ChatEncoder, TemplateError, probe_template
+from agentrl_core.rollout.sampler import turn_rng
+from agentrl_core.types import (
+    FailureKind,
+    Index,
+    Message,
+    Status,
+    Trajectory,
+    TurnContext,
+    TurnRecord,
+    failure_kind,
+    training_reward,
+)
+
+log = logging.getLogger(__name__)
+
+
+@frozen
+class RolloutRequest:
+    """One episode to play: a controller task (``db-std``) and a sample of it."""
+
+    task: str
+    index: Index
+    group_id: str
+    uid: str
+    sample: int = 0
+    split: str = ""
+    env: str = ""
+
+
+class EnvClient(Protocol):
+    """What the loop needs from the environment side (the controller client implements it)."""
+
+    async def start(self, task: str, index: Index) -> Any:
+        """-> object with ``session_id``, ``messages``, ``tools``."""
+
+    async def interact(self, session_id: Any, messages: Sequence[Message]) -> Any:
+        """-> object with ``finish``, ``status``, ``reward``, ``messages``, ``metrics``."""
+
+    async def cancel(self, session_id: Any) -> Any: ...
+
+
+class EnginePool(Protocol):
+    name: str
+
+    async def generate(self, key: str, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Any:
+        """-> object with ``output_ids``, ``logprobs``, ``finish_reason``, ``weight_version``, ``engine``."""
+
+
+class InfraFailure(Exception):
+    """An engine or transport failure: the trajectory is not scored (retried or dropped)."""
+
+
+@frozen
+class LoopSettings:
+    max_turns: int = 20
+    max_total_len: int = 8192
+    max_new_tokens: int = 1024
+    temperature: float = 0.8
+    incomplete_punishment: float = -0.2
+    max_abort_retries: int = 100
+    on_template_rewrite: str = field(default="keep_history")
+    keep_messages: bool = True
+
+    @classmethod
+    def from_rollout_config(cls, rollout: Any, **overrides: Any) -> LoopSettings:
+        return cls(
+            max_turns=rollout.max_turns,
+            max_total_len=rollout.max_total_len,
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            incomplete_punishment=rollout.incomplete_punishment,
+            **overrides,
+        )
+
+
+class ChatAgentLoop:
+    """Plays episodes through an environment client and engine pools; see module docstring."""
+
+    def __init__(
+        self,
+        config: Any = None,
+        *,
+        tokenizer: Any,
+        env_client: EnvClient,
+        pools: Mapping[str, EnginePool],
+        sampler: Any,
+        tool_parser: Any,
+        settings: LoopSettings | None = None,
+        seed: int = 0,
+        global_step: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.env_client = env_client
+        self.pools = dict(pools)
+        self.sampler = sampler
+        self.tool_parser = tool_parser
+        self.settings = settings or LoopSettings()
+        self.seed = seed
+        self.global_step = global_step
+        self._encoders: dict[str, tuple[ChatEncoder, list[str]]] = {}
+        missing = {p.name for p in sampler.pools()} - set(self.pools)
+        if missing:
+            raise ValueError(f"the sampler needs pools {sorted(missing)} but only {sorted(self.pools)} were given")
+
+    def encoder_for(self, tools: Sequence[dict[str, Any]] | None) -> tuple[ChatEncoder, list[str]]:
+        key = json.dumps(tools, sort_keys=True)
+        if key not in self._encoders:
+            encoder = ChatEncoder(self.tokenizer, tools)
+            rewrites = probe_template(self.tokenizer, tools)
+            if rewrites and self.settings.on_template_rewrite == "error":
+                raise TemplateError("; ".join(rewrites) + " (set on_template_rewrite: keep_history to train anyway)")
+            if rewrites:
+                log.warning("%s: trajectories keep the history exactly as generated", "; ".join(rewrites))
+            self._encoders[key] = (encoder, rewrites)
+        return self._encoders[key]
+
+    async def run(self, request: RolloutRequest) -> Trajectory:
+        state = _State(request)
+        session_id = None
+        try:
+            try:
+                started = await self.env_client.start(request.task, request.index)
+            except Exception as exc:  # the controller or worker failed: infrastructure
+                log.warning("start of %s/%s failed: %s", request.task, request.index, exc)
+                state.finish(Status.UNKNOWN, 0.0, {"infra_error": f"start: {exc}"})
+                return self._trajectory(state)
+            session_id = started.session_id
+            await self._play(state, started, session_id)
+        except InfraFailure as exc:
+            state.finish(Status.UNKNOWN, 0.0, {"infra_error": str(exc)})
+        finally:
+            if session_id is not None and state.session_open:
+                with anyio.CancelScope(shield=True):
+                    await self._end_session(session_id)
+        return self._trajectory(state)
+
+    async def _end_session(self, session_id: Any) -> None:
+        try:
+            with anyio.fail_after(30):
+                await self.env_client.cancel(session_id)
+        except Exception as exc:  # the controller expires idle sessions anyway
+            log.warning("cancel of session %s failed: %s", session_id, exc)
+
+    async def _play(self, state: _State, started: Any, session_id: Any) -> None:
+        s = self.settings
+        encoder, rewrites = self.encoder_for(started.tools)
+        if rewrites:
+            state.metrics["template_rewrites_history"] = 1
+        state.messages.extend(started.messages)
+        state.session_open = True
+        state.append(encoder.encode_prompt(started.messages), mask=0)
+        state.prompt_length = len(state.ids)
+        for turn in range(s.max_turns):
+            remaining = s.max_total_len - len(state.ids)
+            if remaining <= 0:
+                state.finish(Status.AGENT_CONTEXT_LIMIT, 0.0)
+                return
+            result = await self._generate_turn(state, turn, encoder, min(s.max_new_tokens, remaining))
+            ids = list(result.ids)
+            state.append(ids, mask=1, logprobs=result.logprobs, version=result.version)
+            ended = bool(ids) and ids[-1] in encoder.stop_token_ids
+            if not ended:  # length stop: close the turn as the template would, not trained on
+                state.append([encoder.eot_id], mask=0)
+            text_ids = ids[:-1] if ended else ids
+            state.turns.append(
+                TurnRecord(result.pool, result.engine, result.version, len(ids), result.finish_reason, result.retries)
+            )
+            message = self._assistant_message(encoder.decode(text_ids), encoder.tools or [], state)
+            state.messages.append(message)
+            if len(state.ids) >= s.max_total_len:
+                state.finish(Status.AGENT_CONTEXT_LIMIT, 0.0)
+                return
+            try:
+                reply = await self.env_client.interact(session_id, [message])
+            except Exception as exc:
+                raise InfraFailure(f"interact: {exc}") from exc
+            state.messages.extend(reply.messages)
+            state.env_metrics = dict(reply.metrics or {})
+            if reply.finish:
+                state.session_open = False  # the worker ended the session itself
+                state.finish(Status(reply.status), float(reply.reward or 0.0))
+                return
+            state.append(encoder.encode_observation(reply.messages), mask=0)
+        state.finish(Status.TASK_LIMIT_REACHED, 0.0)
+
+    async def _generate_turn(self, state: _State, turn: int, encoder: ChatEncoder, max_new: int) -> Any:
+        request = state.request
+        context = TurnContext(
+            group_id=request.group_id, sample=request.sample, turn=turn, task=request.task,
+            rng=turn_rng(self.seed, request.group_id, request.sample, turn), global_step=self.global_step(),
+        )
+        pool_name = self.sampler.choose(context)
+        pool = self.pools.get(pool_name)
+        if pool is None:
+            raise InfraFailure(f"the sampler chose pool {pool_name!r}, which does not exist")
+        params = {
+            "temperature": self.settings.temperature,
+            "top_p": 1.0,
+            "top_k": -1,
+            "max_new_tokens": max_new,
+            "stop_token_ids": encoder.stop_token_ids,
+        }
+        t0 = time.monotonic()
+        for retry in range(self.settings.max_abort_retries + 1):
+            try:
+                out = await pool.generate(request.uid, state.ids, params)
+            except Exception as exc:
+                raise InfraFailure(f"engine ({pool_name}): {exc}") from exc
+            if out.finish_reason != "abort":
+                state.generate_seconds += time.monotonic() - t0
+                return _TurnResult(
+                    ids=list(out.output_ids), logprobs=list(out.logprobs), version=int(out.weight_version),
+                    finish_reason=out.finish_reason, engine=str(getattr(out, "engine", "")), pool=pool_name,
+                    retries=retry,
+                )
+            state.aborted_turns += 1  # a weight update paused the engine: regenerate the turn
+        raise InfraFailure(f"turn {turn} was aborted {self.settings.max_abort_retries + 1} times in a row")
+
+    def _assistant_message(self, text: str, tools: Sequence[dict[str, Any]], state: _State) -> Message:
+        calls, normal_text, error = self.tool_parser.parse(text, tools)
+        if error:
+            state.parse_errors += 1
+        message: Message = {"role": "assistant", "content": normal_text}
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+    def _trajectory(self, state: _State) -> Trajectory:
+        request = state.request
+        status = state.status or Status.UNKNOWN
+        kind = failure_kind(status)
+        reward = state.reward if kind is FailureKind.NONE else 0.0
+        metrics = {
+            **state.env_metrics,
+            **state.metrics,
+            "turns": len(state.turns),
+            "aborted_turns": state.aborted_turns,
+            "parse_errors": state.parse_errors,
+            "generate_seconds": state.generate_seconds,
+        }
+        return Trajectory(
+            group_id=request.group_id,
+            uid=request.uid,
+            task=request.task,
+            split=request.split,
+            index=request.index,
+            input_ids=state.ids,
+            loss_mask=state.mask,
+            rollout_logprobs=state.logprobs,
+            versions=state.versions,
+            turns=state.turns,
+            reward=reward,
+            training_reward=training_reward(status, reward, self.settings.incomplete_punishment),
+            status=status,
+            failure=kind,
+            num_turns=len(state.turns),
+            sample=request.sample,
+            prompt_length=state.prompt_length,
+            metrics=metrics,
+            messages=state.messages if self.settings.keep_messages else None,
+        )
+
+
+@frozen
+class _TurnResult:
+    ids: list[int]
+    logprobs: list[float]
+    version: int
+    finish_reason: str
+    engine: str
+    pool: str
+    retries: int
+
+
+class _State:
+    def __init__(self, request: RolloutRequest) -> None:
+        self.request = request
+        self.ids: list[int] = []
+        self.mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.turns: list[TurnRecord] = []
+        self.messages: list[Message] = []
+        self.metrics: dict[str, Any] = {}
+        self.env_metrics: dict[str, Any] = {}
+        self.status: Status | None = None
+        self.reward = 0.0
+        self.session_open = False
+        self.prompt_length = 0
+        self.aborted_turns = 0
+        self.parse_errors = 0
+        self.generate_seconds = 0.0
+
+    def append(self, ids: Sequence[int], *, mask: int, logprobs: Sequence[float] | None = None, version: int = -1) -> None:
+        if mask and (logprobs is None or len(logprobs) != len(ids)):
+            raise InfraFailure(f"the engine returned {len(ids)} tokens but {len(logprobs or [])} log-probs")
+        self.ids.extend(ids)
+        self.mask.extend([mask] * len(ids))
+        self.logprobs.extend(logprobs if mask else [0.0] * len(ids))
+        self.versions.extend([version] * len(ids))
+
+    def finish(self, status: Status, reward: float, metrics: dict[str, Any] | None = None) -> None:
+        self.status = status
+        self.reward = reward
+        self.metrics.update(metrics or {})

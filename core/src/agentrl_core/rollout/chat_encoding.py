@@ -1,0 +1,139 @@
+"""Token-exact encoding of a multi-turn conversation with the model's chat template.
+
+The agent loop never re-encodes history: it appends exactly the ids the engine sampled
+(loss_mask 1) and, after each environment reply, the *observation tokens* (loss_mask 0).
+Observation tokens are the difference between encoding a fixed base conversation with and
+without the new messages, cut right after the base's last end-of-turn token, so they
+include the separator the template puts after end-of-turn (Qwen's ``\\n`` after
+``<|im_end|>``; upstream AgentRL dropped it) and end with the generation prompt. This is
+robust to the model writing its tool calls in a non-canonical way, since the model's own
+tokens are never re-rendered.
+
+Some templates rewrite earlier turns when the conversation grows (Qwen3 strips
+``<think>`` blocks from earlier assistant turns). :func:`probe_template` detects that;
+the agent loop then keeps the history exactly as the model saw it while generating (the
+only correct training data) and reports ``template_rewrites_history`` in its metrics,
+or refuses to run when ``on_template_rewrite: error``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl_core.errors import AgentrlError
+from agentrl_core.types import Message
+
+log = logging.getLogger(__name__)
+
+
+class TemplateError(AgentrlError):
+    """The chat template cannot be used for token-exact multi-turn rollouts."""
+
+
+def _as_ids(encoded: Any) -> list[int]:
+    """``apply_chat_template(tokenize=True)`` returns a list or a BatchEncoding by version."""
+    if isinstance(encoded, dict) or hasattr(encoded, "keys"):
+        encoded = encoded["input_ids"]
+    if hasattr(encoded, "tolist"):
+        encoded = encoded.tolist()
+    if encoded and isinstance(encoded[0], list):
+        encoded = encoded[0]
+    return [int(i) for i in encoded]
+
+
+def _tool_call(name: str, arguments: dict[str, Any], call_id: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+class ChatEncoder:
+    """Encodes prompts and observation deltas for one tokenizer and tool list."""
+
+    def __init__(self, tokenizer: Any, tools: Sequence[dict[str, Any]] | None) -> None:
+        self.tokenizer = tokenizer
+        self.tools = list(tools) if tools else None
+        name = self.tools[0]["function"]["name"] if self.tools else "tool"
+        self._base: list[Message] = [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "U"},
+            {"role": "assistant", "content": "", "tool_calls": [_tool_call(name, {}, "call_base")]},
+        ]
+        base_ids = self.encode(self._base, add_generation_prompt=False)
+        end_of_turn = self._end_of_turn_ids()
+        cut = max((i + 1 for i, t in enumerate(base_ids) if t in end_of_turn), default=None)
+        if cut is None:
+            raise TemplateError(
+                "the chat template's rendering of an assistant turn contains no end-of-turn token "
+                f"(looked for ids {sorted(end_of_turn)}); set the tokenizer's eos_token to the turn terminator"
+            )
+        self._base_prefix = base_ids[:cut]
+        self.eot_id = base_ids[cut - 1]
+        self.stop_token_ids = sorted(end_of_turn)
+
+    def _end_of_turn_ids(self) -> set[int]:
+        tok = self.tokenizer
+        ids = set()
+        for token in ("<|im_end|>", "<|eot_id|>", "<|end|>", tok.eos_token):
+            if token is None:
+                continue
+            tid = tok.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != tok.unk_token_id and tid >= 0:
+                ids.add(tid)
+        return ids
+
+    def encode(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> list[int]:
+        return _as_ids(
+            self.tokenizer.apply_chat_template(
+                list(messages), tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=True
+            )
+        )
+
+    def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """The first prompt: system/user messages (and tools) plus the generation prompt."""
+        return self.encode(messages, add_generation_prompt=True)
+
+    def encode_observation(self, new_messages: Sequence[Message]) -> list[int]:
+        """Tokens to append after an assistant turn that ended with end-of-turn."""
+        full = self.encode([*self._base, *new_messages], add_generation_prompt=True)
+        n = len(self._base_prefix)
+        if full[:n] != self._base_prefix:
+            raise TemplateError(
+                "the chat template renders the base conversation differently once messages follow it; "
+                "observation tokens cannot be computed by difference for this template"
+            )
+        return full[n:]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+def probe_template(tokenizer: Any, tools: Sequence[dict[str, Any]] | None) -> list[str]:
+    """Return how the template rewrites earlier turns as the conversation grows (empty if never).
+
+    It renders a conversation turn by turn (with the generation prompt, as the model sees it
+    while generating) and checks that each rendering is a prefix of the next one's.
+    """
+    enc = ChatEncoder(tokenizer, tools)
+    name = enc.tools[0]["function"]["name"] if enc.tools else "tool"
+    problems = []
+    cases = {
+        "plain assistant turns": "I will call the tool.",
+        "reasoning blocks": "<think>\nreasoning\n</think>\n\nI will call the tool.",
+    }
+    for label, content in cases.items():
+        turns: list[Message] = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        seen = enc.encode(turns, add_generation_prompt=True)
+        for k in range(2):
+            turns = [
+                *turns,
+                {"role": "assistant", "content": content, "tool_calls": [_tool_call(name, {}, f"call_{k}")]},
+                {"role": "tool", "tool_call_id": f"call_{k}", "content": f"result {k}"},
+            ]
+            grown = enc.encode(turns, add_generation_prompt=True)
+            if grown[: len(seen)] != seen:
+                problems.append(f"the template rewrites earlier turns with {label}")
+                break
+            seen = grown
+    return problems

@@ -1,0 +1,253 @@
+"""The chat agent loop: token exactness, masks, length stops, aborts, template rewrites.
+
+The engine here is a labelled test double (``ScriptedPool``): it returns scripted token ids
+so that every appended token can be checked. The loop against the real engine server is
+tested in ``test_agent_loop_engine.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import attrs
+import pytest
+
+from agentrl_core.env import Environment, Status, Step, ToolSession, function_tool, tool_result
+from agentrl_core.env.local import LocalEnvClient
+from agentrl_core.rollout.agent_loop import ChatAgentLoop, LoopSettings, RolloutRequest
+from agentrl_core.rollout.chat_encoding import ChatEncoder, TemplateError, probe_template
+from agentrl_core.rollout.sampler import CurrentSampler
+
+ADD = function_tool("add", "add two numbers", {"a": {"type": "integer"}, "b": {"type": "integer"}}, ["a", "b"])
+ANSWER = function_tool("answer", "final answer", {"value": {"type": "integer"}}, ["value"])
+
+
+class SumSession(ToolSession):
+    """Add 2 + 3 with the add tool, then answer; a test environment for the loop."""
+
+    async def on_start(self):
+        return Step([{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "What is 2 + 3?"}])
+
+    async def on_tool_call(self, call, message):
+        if call.name == "add":
+            return Step([tool_result(call, str(call.arguments["a"] + call.arguments["b"]))])
+        ok = call.arguments["value"] == 5
+        return Step([tool_result(call, "right" if ok else "wrong")], status=Status.COMPLETED, reward=float(ok))
+
+
+class SumEnv(Environment):
+    name = "sum"
+    tools = [ADD, ANSWER]
+
+    def __init__(self, max_rounds=5):
+        super().__init__()
+        self.max_rounds = max_rounds
+        self.closed = 0
+
+    def index_sets(self):
+        return {"test": [0]}
+
+    async def open(self, split, index):
+        env = self
+
+        class Tracked(SumSession):
+            async def on_close(self):
+                env.closed += 1
+
+        return Tracked(self.tools, max_rounds=self.max_rounds)
+
+
+@attrs.frozen
+class Generated:
+    output_ids: list
+    logprobs: list
+    finish_reason: str
+    weight_version: int
+    engine: str = "scripted-0"
+
+
+class ScriptedPool:
+    """TEST DOUBLE for an engine pool: replies with scripted token ids, records prompts."""
+
+    name = "current"
+
+    def __init__(self, replies):
+        self.replies = list(replies)  # (ids, finish_reason, version)
+        self.prompts = []
+
+    async def generate(self, key, input_ids, params):
+        self.prompts.append(list(input_ids))
+        ids, finish, version = self.replies.pop(0)
+        return Generated(list(ids), [-0.25 - 0.01 * i for i in range(len(ids))], finish, version)
+
+
+def canonical_call(name, args):
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(args)}}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def parser():
+    from agentrl_core.rollout.tool_parsers import Qwen25Parser
+
+    return Qwen25Parser(None)
+
+
+def make_loop(tokenizer, parser, pool, env, **settings):
+    return ChatAgentLoop(
+        tokenizer=tokenizer, env_client=LocalEnvClient({"sum-test": (env, "test")}), pools={"current": pool},
+        sampler=CurrentSampler(), tool_parser=parser, settings=LoopSettings(**settings),
+    )
+
+
+def encode_reply(tokenizer, text, *, end=True):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids + ([tokenizer.convert_tokens_to_ids("<|im_end|>")] if end else [])
+
+
+REQUEST = RolloutRequest(task="sum-test", index=0, group_id="g0", uid="g0/0", split="test", env="sum")
+
+
+def test_canonical_episode_equals_full_template_encoding(tokenizer, parser):
+    env = SumEnv()
+    texts = [canonical_call("add", {"a": 2, "b": 3}), canonical_call("answer", {"value": 5})]
+    pool = ScriptedPool([(encode_reply(tokenizer, t), "stop", 7) for t in texts])
+    traj = anyio.run(make_loop(tokenizer, parser, pool, env).run, REQUEST)
+    assert traj.status is Status.COMPLETED and traj.reward == 1.0 and traj.training_reward == 1.0
+    assert env.closed == 1
+    # the whole conversation re-encoded by the template equals what the loop built, up to the
+    # last assistant turn (the final observation is not appended: nothing follows it)
+    messages = traj.messages[:-1]
+    full = ChatEncoder(tokenizer, [ADD, ANSWER]).encode(messages, add_generation_prompt=False)
+    assert traj.input_ids == full[: len(traj.input_ids)]
+    assert full[len(traj.input_ids):] == tokenizer.encode("\n", add_special_tokens=False)  # separator after last eot
+    # loss_mask marks exactly the sampled tokens, with their log-probs and version
+    sampled = [i for turn in pool_replies(tokenizer, texts) for i in turn]
+    assert [t for t, m in zip(traj.input_ids, traj.loss_mask) if m] == sampled
+    assert all(v == 7 for v, m in zip(traj.versions, traj.loss_mask) if m)
+    assert all(v == -1 and lp == 0.0 for v, lp, m in zip(traj.versions, traj.rollout_logprobs, traj.loss_mask) if not m)
+    # the second prompt the engine saw is the first prompt + reply + observation tokens (incl. the newline)
+    assert pool.prompts[1][: len(pool.prompts[0])] == pool.prompts[0]
+    assert [t.pool for t in traj.turns] == ["current", "current"] and traj.num_turns == 2
+
+
+def pool_replies(tokenizer, texts):
+    return [encode_reply(tokenizer, t) for t in texts]
+
+
+def test_non_canonical_tool_call_text_keeps_sampled_ids(tokenizer, parser):
+    env = SumEnv()
+    odd = '<tool_call>\n{ "arguments":{"b":3,"a":2},  "name":"add" }\n</tool_call>'  # valid, not canonical
+    replies = [encode_reply(tokenizer, odd), encode_reply(tokenizer, canonical_call("answer", {"value": 5}))]
+    pool = ScriptedPool([(r, "stop", 0) for r in replies])
+    traj = anyio.run(make_loop(tokenizer, parser, pool, env).run, REQUEST)
+    assert traj.status is Status.COMPLETED and traj.reward == 1.0
+    assert [t for t, m in zip(traj.input_ids, traj.loss_mask) if m] == replies[0] + replies[1]
+    first_end = len(pool.prompts[0]) + len(replies[0])
+    observation = traj.input_ids[first_end: len(pool.prompts[1])]
+    assert observation == ChatEncoder(tokenizer, [ADD, ANSWER]).encode_observation(traj.messages[3:4])
+    assert tokenizer.decode(observation).startswith("\n<|im_start|>user\n<tool_response>\n5")
+
+
+def test_length_stop_appends_end_of_turn_unmasked(tokenizer, parser):
+    env = SumEnv()
+    truncated = tokenizer.encode('<tool_call>\n{"name": "add", "argu', add_special_tokens=False)
+    pool = ScriptedPool([(truncated, "length", 1), (encode_reply(tokenizer, canonical_call("answer", {"value": 5})), "stop", 1)])
+    traj = anyio.run(make_loop(tokenizer, parser, pool, env).run, REQUEST)
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    start = len(pool.prompts[0])
+    assert traj.input_ids[start: start + len(truncated) + 1] == truncated + [eot]
+    assert traj.loss_mask[start: start + len(truncated) + 1] == [1] * len(truncated) + [0]
+    assert traj.metrics["invalid_turns"] == 1  # the env answered the broken call with an error observation
+    assert traj.status is Status.COMPLETED
+
+
+def test_max_total_len_ends_as_context_limit_and_cancels(tokenizer, parser):
+    env = SumEnv()
+    reply = encode_reply(tokenizer, canonical_call("add", {"a": 2, "b": 3}))
+    pool = ScriptedPool([(reply, "stop", 0)] * 3)
+    loop = make_loop(tokenizer, parser, pool, env, max_total_len=0)
+    prompt_len = len(ChatEncoder(tokenizer, [ADD, ANSWER]).encode_prompt(
+        [{"role": "system", "content": "You add numbers."}, {"role": "user", "content": "What is 2 + 3?"}]))
+    loop.settings = LoopSettings(max_total_len=prompt_len + len(reply) + 5)
+    traj = anyio.run(loop.run, REQUEST)
+    assert traj.status is Status.AGENT_CONTEXT_LIMIT and traj.training_reward == -0.2
+    assert env.closed == 1  # the session was cancelled
+
+
+def test_max_turns_and_env_round_limit(tokenizer, parser):
+    env = SumEnv(max_rounds=2)
+    reply = encode_reply(tokenizer, canonical_call("add", {"a": 2, "b": 3}))
+    traj = anyio.run(make_loop(tokenizer, parser, ScriptedPool([(reply, "stop", 0)] * 5), env).run, REQUEST)
+    assert traj.status is Status.TASK_LIMIT_REACHED and traj.num_turns == 2 and traj.training_reward == -0.2
+    env = SumEnv(max_rounds=10)
+    traj = anyio.run(make_loop(tokenizer, parser, ScriptedPool([(reply, "stop", 0)] * 5), env, max_turns=3).run, REQUEST)
+    assert traj.status is Status.TASK_LIMIT_REACHED and traj.num_turns == 3 and env.closed == 1
+
+
+def test_aborted_turn_is_regenerated_with_one_version(tokenizer, parser):
+    env = SumEnv()
+    partial = tokenizer.encode("<tool_call>", add_special_tokens=False)
+    replies = [
+        (partial, "abort", 3),  # weights being updated: discarded
+        (encode_reply(tokenizer, canonical_call("add", {"a": 2, "b": 3})), "stop", 4),
+        (encode_reply(tokenizer, canonical_call("answer", {"value": 5})), "stop", 4),
+    ]
+    pool = ScriptedPool(replies)
+    traj = anyio.run(make_loop(tokenizer, parser, pool, env).run, REQUEST)
+    assert pool.prompts[0] == pool.prompts[1]  # regenerated from the start of the turn
+    assert {v for v, m in zip(traj.versions, traj.loss_mask) if m} == {4}
+    assert traj.metrics["aborted_turns"] == 1 and traj.turns[0].aborted_retries == 1
+
+
+def test_engine_failure_is_infra_and_session_ends(tokenizer, parser):
+    class Broken(ScriptedPool):
+        async def generate(self, key, input_ids, params):
+            raise ConnectionError("engine went away")
+
+    env = SumEnv()
+    traj = anyio.run(make_loop(tokenizer, parser, Broken([]), env).run, REQUEST)
+    assert traj.failure.value == "infra" and traj.training_reward is None
+    assert "engine went away" in traj.metrics["infra_error"] and env.closed == 1
+
+
+def test_cancellation_still_ends_the_session(tokenizer, parser):
+    class Hanging(ScriptedPool):
+        async def generate(self, key, input_ids, params):
+            await anyio.sleep_forever()
+
+    env = SumEnv()
+    loop = make_loop(tokenizer, parser, Hanging([]), env)
+
+    async def main():
+        with anyio.move_on_after(0.2):
+            await loop.run(REQUEST)
+
+    anyio.run(main)
+    assert env.closed == 1
+
+
+def test_template_rewrite_is_detected(tokenizer, parser):
+    assert probe_template(tokenizer, [ADD]) == []
+    rewriting = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    # strip <think> blocks from earlier assistant turns, as Qwen3's template does
+    original = "{{- '\\n' + message.content }}"
+    assert original in rewriting.chat_template
+    rewriting.chat_template = rewriting.chat_template.replace(
+        original,
+        "{%- if loop.index0 < messages|length - 2 and '</think>' in message.content %}"
+        "{{- '\\n' + message.content.split('</think>')[-1].lstrip('\\n') }}"
+        "{%- else %}{{- '\\n' + message.content }}{%- endif %}",
+    )
+    problems = probe_template(rewriting, [ADD])
+    assert problems == ["the template rewrites earlier turns with reasoning blocks"]
+    loop = make_loop(rewriting, parser, ScriptedPool([]), SumEnv(), on_template_rewrite="error")
+    with pytest.raises(TemplateError, match="rewrites earlier turns"):
+        loop.encoder_for([ADD, ANSWER])
