@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -133,16 +133,27 @@ class KGEnvironment(Environment):
     name = "kg"
     tools = prompts.TOOLS
 
-    def __init__(self, config: KGConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: KGConfig | None = None,
+        *,
+        questions: Mapping[str, Sequence[Question]] | None = None,
+        backend: Backend | None = None,
+        ontology: Ontology | None = None,
+    ) -> None:
+        """``questions``, ``backend`` and ``ontology`` replace what the config would load
+        (for custom graphs and question sets; a given backend is closed by :meth:`aclose`)."""
         super().__init__(config or KGConfig())
         cfg: KGConfig = self.config
-        if cfg.backend == "sparql" and not cfg.endpoint:
+        if cfg.backend == "sparql" and not cfg.endpoint and backend is None:
             raise EnvError("environments.kg: backend 'sparql' needs an endpoint URL (e.g. http://localhost:3001/sparql)")
+        if (backend is None) != (ontology is None):
+            raise ValueError("KGEnvironment: pass backend and ontology together")
         self.concurrency = cfg.concurrency
         self.live_sessions = 0
-        self.questions = self._load_questions(cfg)
-        self._backend: Backend | None = None
-        self._ontology: Ontology | None = None
+        self.questions = {k: list(v) for k, v in questions.items()} if questions is not None else self._load_questions(cfg)
+        self._backend: Backend | None = backend
+        self._ontology: Ontology | None = ontology
         self._ready = anyio.Lock()
         self.store_info: dict[str, Any] = {}
 
