@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from agentrl_env_kg.backends import EmbeddedBackend
 from agentrl_env_kg.lisp import NS
 from agentrl_env_kg.ontology import Ontology

@@ -12,15 +12,15 @@ from types import SimpleNamespace
 
 import anyio
 import pytest
-from conftest import EDGES, ENTITIES, RELATIONS, VALUES
-
-from agentrl_core.env import play_episode
-from agentrl_core.types import Status
 from agentrl_env_kg import lisp
 from agentrl_env_kg.env import KGEnvironment
 from agentrl_env_kg.fb15k237 import RelationInfo
 from agentrl_env_kg.generate import Generator, generate_fb15k237, split
 from agentrl_env_kg.questions import GENERATED, load_generated, write_generated
+from conftest import EDGES, ENTITIES, RELATIONS, VALUES
+
+from agentrl_core.env import play_episode
+from agentrl_core.types import Status
 
 STRIDE = 20
 

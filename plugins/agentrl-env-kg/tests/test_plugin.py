@@ -8,14 +8,14 @@ import subprocess
 import sys
 
 import pytest
+from agentrl_env_kg.config import KGConfig
+from agentrl_env_kg.env import KGEnvironment
 
 from agentrl_core.config import config_from_dict
 from agentrl_core.errors import ConfigError, EnvError
 from agentrl_core.plugins import get_plugin_manager
 from agentrl_core.registry import Registry
 from agentrl_core.testing import check_environment
-from agentrl_env_kg.config import KGConfig
-from agentrl_env_kg.env import KGEnvironment
 
 
 def test_entry_point_is_discovered_by_a_fresh_plugin_manager():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from agentrl_env_kg.api import final_answer_index
 
 from agentrl_core.env import assistant_tool_call, play_episode
 from agentrl_core.types import Status
-from agentrl_env_kg.api import final_answer_index
 
 pytestmark = pytest.mark.anyio
 
