@@ -105,6 +105,23 @@ class ChatEncoder:
             )
         return full[n:]
 
+    def encode_assistant(self, message: Message) -> list[int]:
+        """The tokens a model would generate for ``message``, ending with end-of-turn.
+
+        Rendered by the template after a fixed user turn, so tool calls come out in the
+        template's canonical form; used to turn demonstrations into training sequences that
+        look exactly like rollouts.
+        """
+        prefix = self.encode(self._base[:2], add_generation_prompt=True)
+        full = self.encode([*self._base[:2], message], add_generation_prompt=False)
+        if full[: len(prefix)] != prefix:
+            raise TemplateError("the chat template renders the generation prompt differently from an assistant turn")
+        turn = full[len(prefix):]
+        ends = [i for i, t in enumerate(turn) if t in self.stop_token_ids]
+        if not ends:
+            raise TemplateError("the chat template's assistant turn has no end-of-turn token")
+        return turn[: ends[-1] + 1]
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
