@@ -68,15 +68,24 @@ class TaskConfig:
 
 @frozen
 class ControllerConfig:
+    """The environment control plane (DESIGN.md section 4); every duration is in seconds."""
+
     url: str | None = None  # None: start an embedded controller and workers
     host: str = "127.0.0.1"
     port: int = 0
-    heartbeat_interval: float = field(default=8.0, validator=in_range(0.0, lo_open=True))
-    unresponsive_after: float = field(default=11.0, validator=in_range(0.0, lo_open=True))
-    remove_after: float = field(default=300.0, validator=in_range(0.0, lo_open=True))
-    idle_session_timeout: float = field(default=300.0, validator=in_range(0.0, lo_open=True))
-    request_timeout: float = field(default=120.0, validator=in_range(0.0, lo_open=True))
+    heartbeat_interval: float = field(default=8.0, validator=in_range(0.0, lo_open=True))  # workers send
+    unresponsive_after: float = field(default=11.0, validator=in_range(0.0, lo_open=True))  # no heartbeat: no new sessions
+    remove_after: float = field(default=300.0, validator=in_range(0.0, lo_open=True))  # no heartbeat: forget the worker
+    idle_session_timeout: float = field(default=300.0, validator=in_range(0.0, lo_open=True))  # no call: cancel
+    request_timeout: float = field(default=120.0, validator=in_range(0.0, lo_open=True))  # one interact on a worker
     workers_per_env: int = field(default=1, validator=in_range(1))
+    start_timeout: float = field(default=300.0, validator=in_range(0.0, lo_open=True))  # a worker setting up a sample
+    cancel_timeout: float = field(default=30.0, validator=in_range(0.0, lo_open=True))  # a worker acknowledging a cancel
+    connect_timeout: float = field(default=5.0, validator=in_range(0.0, lo_open=True))  # opening a connection to a worker
+    reconcile_interval: float = field(default=60.0, validator=in_range(0.0, lo_open=True))  # compare with get_sessions
+    cancel_notice_timeout: float = field(default=60.0, validator=in_range(0.0, lo_open=True))  # then reconcile instead
+    max_body_bytes: int = field(default=32 * 1024 * 1024, validator=in_range(1024))  # larger requests get 413
+    finished_sessions_kept: int = field(default=100_000, validator=in_range(0))  # remembered for "already ended"
 
 
 @frozen

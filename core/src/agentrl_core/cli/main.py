@@ -16,6 +16,8 @@ COMMANDS = [
     "config_cmd",
     "demos",
     "model",
+    "worker",
+    "controller",
 ]
 
 

@@ -1,0 +1,55 @@
+"""``agentrl controller``: run the environment controller."""
+
+from __future__ import annotations
+
+import argparse
+
+# flag -> ControllerConfig field (every duration is configurable; tests use seconds)
+TIMEOUT_FLAGS = {
+    "unresponsive_after": "no heartbeat for this long: the worker gets no new sessions (default 11)",
+    "remove_after": "no heartbeat for this long: the worker is removed, its sessions fail (default 300)",
+    "idle_session_timeout": "a session without a call for this long is cancelled (default 300)",
+    "request_timeout": "one interact on a worker (default 120)",
+    "start_timeout": "a worker starting a session (default 300)",
+    "cancel_timeout": "a worker acknowledging a cancel (default 30)",
+    "connect_timeout": "opening a connection to a worker (default 5)",
+    "reconcile_interval": "period of comparing each worker's sessions with ours (default 60)",
+    "cancel_notice_timeout": "wait for a worker's cancel notice before reconciling (default 60)",
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("controller", help="run the environment controller that task workers register with")
+    p.add_argument("--host", help="interface to listen on (default: controller.host, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (default: controller.port; 0 picks a free one)")
+    p.add_argument("--config", help="YAML config; its controller section is used")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set controller.idle_session_timeout=60")
+    for name, text in TIMEOUT_FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=float, metavar="SECONDS", help=text)
+    p.add_argument("--max-body-bytes", type=int, help="larger requests get 413 (default 32 MiB)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentrl_core.config import load_config
+    from agentrl_core.env._http import bind_socket, raise_fd_limit, run_event_loop
+    from agentrl_core.env.controller import Controller
+    from agentrl_core.errors import ConfigError
+
+    overrides = list(args.set)
+    for name in [*TIMEOUT_FLAGS, "max_body_bytes", "host", "port"]:
+        value = getattr(args, name)
+        if value is not None:
+            overrides.append(f"controller.{name}={value}")
+    config = load_config(args.config, overrides, validate_plugins=False).controller
+    raise_fd_limit()
+    try:
+        sock = bind_socket(config.host, config.port)
+    except OSError as exc:
+        raise ConfigError(f"{exc}; choose another --port") from None
+    controller = Controller(config)
+    host, port = sock.getsockname()[:2]
+    print(f"agentrl controller listening on http://{host}:{port}/api", flush=True)
+    run_event_loop(lambda: controller.serve(sock=sock))
+    return 0

@@ -1,0 +1,517 @@
+"""The controller: one HTTP front for every task worker (DESIGN.md section 4).
+
+``agentrl controller --port 5020`` serves the AgentRL / AgentBench-FC controller API under
+``/api`` (``get_indices``, ``start_sample``, ``interact``, ``cancel``, ``cancel_all``,
+``cancel_notice``, ``receive_heartbeat``, ``mark_stale``, ``list_workers``,
+``list_sessions``, ``sync_all``, ``version``, ``health``), Prometheus text at ``/metrics``
+and its OpenAPI document at ``/openapi.json``. Workers register by heartbeat; a new
+session goes to the live worker of its task with the most free slots and stays pinned to
+it. A worker that cannot be reached loses its sessions at once (their next interact
+answers ``task error``); one whose heartbeats stop is marked unresponsive after
+``unresponsive_after`` and removed after ``remove_after``. Idle sessions expire, the
+registry is reconciled with each worker's own session list, and cancels propagate.
+The protocol is documented in ``core/docs/control_plane.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from typing import Any
+
+from agentrl_core._version import __version__
+from agentrl_core.config import ControllerConfig
+from agentrl_core.env import _wire
+from agentrl_core.env._http import App, HTTPError, Request, Response, bind_socket, dumps, json_response, serve_app
+from agentrl_core.env._httpclient import ConnectFailed, ConnectionBroken, RequestTimeout, TransportError
+from agentrl_core.env._metrics import Metrics
+from agentrl_core.env._openapi import controller_openapi
+from agentrl_core.env._state import Session, State, Worker, WorkerState
+from agentrl_core.types import Status
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "agentrl-controller/1"
+
+
+class Controller:
+    """The controller service; ``serve()`` runs it, ``app`` is its ASGI application."""
+
+    def __init__(self, config: ControllerConfig | None = None) -> None:
+        self.config = config or ControllerConfig()
+        self.state = State(connect_timeout=self.config.connect_timeout, tombstones=self.config.finished_sessions_kept)
+        self.metrics = Metrics()
+        self.started = time.time()
+        self._background: set[asyncio.Task] = set()
+        self.app = App(name="controller", max_body_bytes=self.config.max_body_bytes)
+        self.app.observe = self.metrics.observe
+        for method, path, handler in self.routes():
+            self.app.route(method, path, handler)
+        self._openapi = dumps(controller_openapi(__version__))
+
+    def routes(self) -> list[tuple[str, str, Any]]:
+        api = [
+            ("GET", "get_indices", self.get_indices),
+            ("POST", "start_sample", self.start_sample),
+            ("POST", "interact", self.interact),
+            ("POST", "cancel", self.cancel),
+            ("POST", "cancel_all", self.cancel_all),
+            ("POST", "cancel_notice", self.cancel_notice),
+            ("POST", "receive_heartbeat", self.receive_heartbeat),
+            ("POST", "mark_stale", self.mark_stale),
+            ("GET", "list_workers", self.list_workers),
+            ("GET", "list_sessions", self.list_sessions),
+            ("POST", "sync_all", self.sync_all),
+            ("GET", "version", self.version),
+            ("GET", "health", self.health),
+            ("GET", "metrics", self.prometheus),
+        ]
+        return [(m, f"/api/{p}", h) for m, p, h in api] + [
+            ("GET", "/health", self.health),
+            ("GET", "/metrics", self.prometheus),
+            ("GET", "/openapi.json", self.openapi),
+        ]
+
+    # -- client routes -------------------------------------------------------------------
+
+    async def get_indices(self, request: Request) -> Any:
+        return self._task(_required_name(request)).indices.indices
+
+    async def start_sample(self, request: Request) -> Any:
+        body = request.json_object()
+        name = body.get("name")
+        if not isinstance(name, str) or not name:
+            raise HTTPError(400, "start_sample needs a task name in the field 'name'")
+        task = self._task(name)
+        raw_index = _wire.parse_index(body.get("index"))
+        index = task.indices.normalize(raw_index)
+        custom_task = body.get("custom_task")
+        if custom_task is not None and not isinstance(custom_task, dict):
+            raise HTTPError(400, "custom_task must be an object")
+        if index is None:
+            raise HTTPError(400, f"index {raw_index!r} is not an index of task {name!r} ({len(task.indices)} indices)")
+        tried: set[int] = set()
+        while True:
+            worker = self.state.pick_worker(task, tried)
+            if worker is None:
+                raise HTTPError(406, self._no_capacity(name))
+            tried.add(worker.id)
+            session = self.state.new_session(name, index, worker)
+            session.busy = True
+            payload = {"index": index, "session_id": session.id, "custom_task": custom_task}
+            try:
+                response = await worker.pool.request_json(
+                    "POST", f"{worker.path}/start_sample", payload, timeout=self.config.start_timeout)
+            except (ConnectFailed, ConnectionBroken) as exc:  # dead worker: another one may take it
+                self.state.end(session, "its worker could not be reached")
+                self._lose_worker(worker, str(exc))
+                continue
+            except TransportError as exc:
+                self._start_failed(session, worker, exc)
+                raise HTTPError(504, f"worker {worker.id} of task {name!r} did not start the session within "
+                                     f"{self.config.start_timeout:g} s") from None
+            finally:
+                session.busy = False
+            if response.status == 406:  # our count was off: re-sync it, try another worker
+                self.state.end(session, "its worker was full")
+                self._spawn(self.reconcile(worker))
+                continue
+            if response.status != 200:
+                self.state.end(session, "its worker refused to start it")
+                status = response.status if 400 <= response.status < 500 else 502
+                raise HTTPError(status, f"worker {worker.id} of task {name!r} could not start index {index!r}: "
+                                        f"{response.detail()}")
+            out = _parse_out(response)
+            if out is None:
+                self._start_failed(session, worker, "an answer that is not a JSON object")
+                raise HTTPError(502, f"worker {worker.id} of task {name!r} answered start_sample with invalid JSON")
+            self.metrics.started(name)
+            if _wire.finished(out):
+                self._finish(session, out)
+            elif self.state.sessions.get(session.id) is not session:  # cancelled while starting
+                out = _wire.failure_out(Status.CANCELLED, "the session was cancelled while starting")
+            return json_response(_wire.to_client(out), headers=[(b"session_id", str(session.id).encode())])
+
+    async def interact(self, request: Request) -> Any:
+        body = request.json_object()
+        sid = _wire.session_id_from(request, body)
+        messages = _wire.parse_messages(body.get("messages"))
+        session = self._session(sid)
+        if session.lost is not None:
+            self.state.end(session, f"it failed: {session.lost}")
+            self.metrics.finished(session.task, Status.TASK_ERROR.value)
+            return _wire.to_client(_wire.failure_out(Status.TASK_ERROR, session.lost))
+        if session.busy:
+            raise HTTPError(409, f"session {sid} is busy with another call; send one interact at a time")
+        worker = session.worker
+        session.busy = True
+        session.last_update = time.monotonic()
+        payload = dumps({"session_id": sid, "messages": messages})
+        try:
+            response = await worker.pool.request(
+                "POST", f"{worker.path}/interact", payload, timeout=self.config.request_timeout, retry_stale=False)
+        except TransportError as exc:
+            return self._interact_failed(session, exc)
+        finally:
+            session.busy = False
+            session.last_update = time.monotonic()
+        if response.status != 200:
+            if response.status == 404:  # the worker lost it (restarted): an infrastructure failure
+                return self._interact_failed(session, f"the worker no longer has session {sid}")
+            if 400 <= response.status < 500:
+                raise HTTPError(response.status, response.detail())
+            return self._interact_failed(session, f"the worker answered {response.status}: {response.detail()}")
+        try:
+            out = response.json().get("env_out")
+        except (ValueError, AttributeError):
+            out = None
+        if not isinstance(out, dict):
+            return self._interact_failed(session, "the worker answered interact without an env_out object")
+        if _wire.finished(out):
+            self._finish(session, out)
+        return _wire.to_client(out)
+
+    async def cancel(self, request: Request) -> Any:
+        sid = _wire.session_id_from(request, request.json_object(required=False))
+        session = self.state.sessions.get(sid)
+        if session is None:
+            if self.state.why_gone(sid) is None:
+                raise HTTPError(404, f"there is no session {sid}")
+            return {"session_id": sid, "cancelled": False}
+        self.state.end(session, "it was cancelled")
+        self.metrics.finished(session.task, Status.CANCELLED.value)
+        if session.lost is None:
+            self.state.hold_for_cancel(session)
+            await self._cancel_on_worker(session.worker, sid)
+        return {"session_id": sid, "cancelled": True}
+
+    async def cancel_all(self, request: Request) -> Any:
+        query = request.query()
+        name = query.get("name")
+        force = query.get("force", "").lower() in ("1", "true", "yes")
+        if name is not None:
+            names = [self._task(name).name]
+        elif len(self.state.tasks) > 1 and not force:
+            raise HTTPError(400, f"{len(self.state.tasks)} tasks are registered ({', '.join(sorted(self.state.tasks))}); "
+                                 "pass name=<task> or force=true")
+        else:
+            names = list(self.state.tasks)
+        cancelled = 0
+        for session in [s for s in self.state.sessions.values() if s.task in names]:
+            self.state.end(session, "it was cancelled by cancel_all")
+            self.metrics.finished(session.task, Status.CANCELLED.value)
+            cancelled += 1
+        workers = [w for n in names for w in self.state.tasks[n].workers.values() if w.state is not WorkerState.DEAD]
+        await asyncio.gather(*(self._cancel_all_on(worker) for worker in workers))
+        return {"cancelled": cancelled, "tasks": names}
+
+    async def cancel_notice(self, request: Request) -> Any:
+        sid = _wire.session_id_from(request, request.json_object(required=False))
+        return {"session_id": sid, "known": self.state.cancel_confirmed(sid)}
+
+    # -- worker routes ---------------------------------------------------------------------
+
+    async def receive_heartbeat(self, request: Request) -> Any:
+        body = request.json_object()
+        name, address = body.get("name"), body.get("address")
+        if not isinstance(name, str) or not name:
+            raise HTTPError(400, "a heartbeat needs the task name in the field 'name'")
+        if not isinstance(address, str) or not address.startswith("http://"):
+            raise HTTPError(400, "a heartbeat needs the worker's http:// address in the field 'address'")
+        concurrency = body.get("concurrency")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 0 <= concurrency <= 10**9:
+            raise HTTPError(400, "a heartbeat needs a non-negative integer 'concurrency'")
+        indices = _wire.check_indices(body.get("indices"))
+        task = self.state.tasks.get(name)
+        if task is not None and task.indices.indices != indices:
+            raise HTTPError(409, f"task {name!r} is registered with different indices ({len(task.indices)} registered, "
+                                 f"{len(indices)} sent); give this worker another --task-name")
+        worker = self.state.find_worker(name, address)
+        if worker is None:
+            try:
+                worker = self.state.register(name, address, concurrency, indices)
+            except ValueError as exc:
+                raise HTTPError(400, f"the worker address is invalid: {exc}") from None
+            log.info("worker %s registered task %r at %s (concurrency %d)", worker.id, name, address, concurrency)
+            self._spawn(self.reconcile(worker))  # adopt what it still runs (e.g. after our restart)
+        else:
+            worker.last_heartbeat = time.monotonic()
+            worker.capacity = concurrency
+            if worker.state is not WorkerState.ALIVE and not worker.syncing:
+                log.info("worker %s of task %r is back; re-syncing its sessions", worker.id, name)
+                self._spawn(self.reconcile(worker))
+        return {"worker_id": worker.id, "status": int(worker.state)}
+
+    async def mark_stale(self, request: Request) -> Any:
+        body = request.json_object()
+        stale = body.get("stale", True)
+        if not isinstance(stale, bool):
+            raise HTTPError(400, "stale must be true or false")
+        worker = self.state.worker_by_id(body.get("worker_id")) if "worker_id" in body else None
+        name = body.get("name")
+        if worker is None or (name is not None and worker.task != name):
+            raise HTTPError(404, f"there is no worker {body.get('worker_id')!r} of task {name!r}; see list_workers")
+        worker.stale = stale
+        return worker.dump(time.monotonic())
+
+    async def list_workers(self, request: Request) -> Any:
+        now = time.monotonic()
+        return {name: {"indices": task.indices.indices, "workers": {str(w.id): w.dump(now) for w in task.workers.values()}}
+                for name, task in self.state.tasks.items()}
+
+    async def list_sessions(self, request: Request) -> Any:
+        now = time.monotonic()
+        name = request.query().get("name")
+        return {str(sid): s.dump(now) for sid, s in self.state.sessions.items() if name is None or s.task == name}
+
+    async def sync_all(self, request: Request) -> Any:
+        workers = [w for w in self.state.workers() if w.state is not WorkerState.DEAD]
+        results = await asyncio.gather(*(self.reconcile(w) for w in workers))
+        return {str(w.id): ok for w, ok in zip(workers, results, strict=True)}
+
+    async def version(self, request: Request) -> Any:
+        return {"version": __version__, "protocol": PROTOCOL, "implementation": "agentrl-core"}
+
+    async def health(self, request: Request) -> Any:
+        workers = list(self.state.workers())
+        return {
+            "status": "ok",
+            "uptime": round(time.time() - self.started, 3),
+            "tasks": len(self.state.tasks),
+            "workers": len(workers),
+            "alive_workers": sum(w.state is WorkerState.ALIVE for w in workers),
+            "sessions": len(self.state.sessions),
+        }
+
+    async def prometheus(self, request: Request) -> Any:
+        text = self.metrics.render(self.state)
+        return Response(text.encode(), headers=[(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")])
+
+    async def openapi(self, request: Request) -> Any:
+        return Response(self._openapi)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _task(self, name: str):
+        task = self.state.tasks.get(name)
+        if task is None:
+            known = ", ".join(sorted(self.state.tasks)) or "none"
+            raise HTTPError(404, f"no worker serves task {name!r}; registered tasks: {known}")
+        return task
+
+    def _session(self, sid: int) -> Session:
+        session = self.state.sessions.get(sid)
+        if session is None:
+            why = self.state.why_gone(sid)
+            if why is not None:
+                raise HTTPError(409, f"session {sid} has already ended: {why}")
+            raise HTTPError(404, f"there is no session {sid}")
+        return session
+
+    def _no_capacity(self, name: str) -> str:
+        workers = list(self.state.tasks[name].workers.values()) if name in self.state.tasks else []
+        alive = [w for w in workers if w.state is WorkerState.ALIVE and not w.stale]
+        if not alive:
+            return f"task {name!r} has no live worker ({len(workers)} registered, none alive and accepting sessions)"
+        used, cap = sum(w.current for w in alive), sum(w.capacity for w in alive)
+        return f"every worker of task {name!r} is full ({used} of {cap} slots in use on {len(alive)} workers); retry later"
+
+    def _finish(self, session: Session, out: dict[str, Any]) -> None:
+        status = out.get("status") if isinstance(out.get("status"), str) else Status.UNKNOWN.value
+        if self.state.sessions.get(session.id) is session:
+            self.state.end(session, f"it finished with status {status!r}")
+        self.metrics.finished(session.task, status)
+
+    def _interact_failed(self, session: Session, problem: Any) -> dict[str, Any]:
+        """The session is gone or broken: answer task error, free it, tell the worker."""
+        reason = f"worker {session.worker.id} failed: {problem}"
+        if isinstance(problem, ConnectFailed | ConnectionBroken):
+            self._lose_worker(session.worker, str(problem))
+        elif self.state.sessions.get(session.id) is session and session.lost is None:
+            self.state.hold_for_cancel(session)
+            self._spawn(self._cancel_on_worker(session.worker, session.id))
+        if self.state.sessions.get(session.id) is session:
+            self.state.end(session, f"it failed: {reason}")
+        self.metrics.finished(session.task, Status.TASK_ERROR.value)
+        log.warning("session %s of task %r: %s", session.id, session.task, reason)
+        return _wire.to_client(_wire.failure_out(Status.TASK_ERROR, reason))
+
+    def _start_failed(self, session: Session, worker: Worker, problem: Any) -> None:
+        if self.state.sessions.get(session.id) is session:
+            self.state.end(session, f"it failed to start: {problem}")
+            self.state.hold_for_cancel(session)
+            self._spawn(self._cancel_on_worker(worker, session.id))
+
+    def _lose_worker(self, worker: Worker, reason: str) -> None:
+        if worker.state is not WorkerState.DEAD:
+            log.warning("worker %s of task %r at %s is unreachable: %s", worker.id, worker.task, worker.address, reason)
+            self.metrics.worker_lost(worker.task)
+        self.state.lose_worker(worker, reason)
+
+    async def _cancel_on_worker(self, worker: Worker, sid: int) -> None:
+        """Ask the worker to cancel ``sid``; its slot is freed on confirmation."""
+        headers = [("session_id", str(sid))]
+        timeout = self.config.cancel_timeout
+        try:
+            response = await worker.pool.request_json(
+                "POST", f"{worker.path}/cancel_with_notice", {"session_id": sid}, headers=headers, timeout=timeout)
+            if response.status == 200:
+                return  # the worker posts cancel_notice when the session is closed
+            response = await worker.pool.request_json(
+                "POST", f"{worker.path}/cancel", {"session_id": sid}, headers=headers, timeout=timeout)
+        except (ConnectFailed, ConnectionBroken) as exc:
+            self._lose_worker(worker, str(exc))
+            return
+        except RequestTimeout:
+            log.warning("worker %s did not confirm the cancel of session %s in %s s", worker.id, sid, timeout)
+            return  # the slot stays held until reconciliation finds the session gone
+        self.state.cancel_confirmed(sid)  # cancelled now, or the worker never had it
+
+    async def _cancel_all_on(self, worker: Worker) -> None:
+        try:
+            response = await worker.pool.request_json(
+                "POST", f"{worker.path}/cancel_all", None, timeout=max(self.config.cancel_timeout, 30.0))
+        except (ConnectFailed, ConnectionBroken) as exc:
+            self._lose_worker(worker, str(exc))
+            return
+        except RequestTimeout:
+            log.warning("worker %s did not finish cancel_all in time; reconciling later", worker.id)
+            return
+        if response.status == 200:
+            for sid in list(worker.cancelling):
+                self.state.cancel_confirmed(sid)
+
+    async def reconcile(self, worker: Worker) -> bool:
+        """Make our view of ``worker`` match its own session list (adopt, lose, confirm)."""
+        if worker.syncing:
+            return False
+        worker.syncing = True
+        asked = time.monotonic()
+        try:
+            response = await worker.pool.request("GET", f"{worker.path}/get_sessions",
+                                                 timeout=max(self.config.cancel_timeout, 5.0))
+            reported = {_wire.parse_session_id(k): v for k, v in response.json().items()} if response.status == 200 else None
+        except TransportError as exc:
+            self._lose_worker(worker, str(exc))
+            return False
+        except (ValueError, AttributeError, HTTPError):
+            reported = None
+        finally:
+            worker.syncing = False
+        if reported is None:
+            log.warning("worker %s of task %r answered get_sessions badly; not reconciled", worker.id, worker.task)
+            return False
+        for sid, session in list(worker.sessions.items()):
+            if sid not in reported and not session.busy and session.last_update < asked:
+                session.lost = f"worker {worker.id} no longer holds session {sid}"
+                del worker.sessions[sid]
+        for sid in [s for s in worker.cancelling if s not in reported]:
+            self.state.cancel_confirmed(sid)
+        for sid, index in reported.items():
+            if sid in worker.sessions or sid in worker.cancelling:
+                continue
+            known = self.state.sessions.get(sid)
+            if known is None and self.state.why_gone(sid) is None:
+                self.state.adopt(sid, worker.task, index, worker)
+            else:  # a session we ended (or lost): it must not hold the slot
+                if known is not None and known.worker is not worker:
+                    continue
+                self.state.cancel_confirmed(sid)
+                worker.cancelling.add(sid)
+                self.state.pending_cancels[sid] = worker
+                self._spawn(self._cancel_on_worker(worker, sid))
+        if time.monotonic() - worker.last_heartbeat <= self.config.unresponsive_after:
+            worker.state = WorkerState.ALIVE
+        return True
+
+    # -- background -------------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("controller background task failed", exc_info=task.exception())
+
+    def check(self, now: float | None = None) -> None:
+        """One pass of the monitor: worker liveness, removal, idle expiry, stuck cancels."""
+        now = time.monotonic() if now is None else now
+        cfg = self.config
+        for worker in list(self.state.workers()):
+            silent = now - worker.last_heartbeat
+            if silent > cfg.remove_after:
+                log.warning("removing worker %s of task %r: no heartbeat for %.0f s", worker.id, worker.task, silent)
+                self.state.remove_worker(worker, f"worker {worker.id} sent no heartbeat for {silent:.0f} s")
+            elif silent > cfg.unresponsive_after and worker.state is WorkerState.ALIVE:
+                log.warning("worker %s of task %r is unresponsive: no heartbeat for %.1f s", worker.id, worker.task, silent)
+                worker.state = WorkerState.UNRESPONSIVE
+            elif worker.cancelling and now - worker.cancel_since > cfg.cancel_notice_timeout and not worker.syncing:
+                worker.cancel_since = now
+                self._spawn(self.reconcile(worker))
+        idle = cfg.idle_session_timeout
+        for session in [s for s in self.state.sessions.values() if not s.busy and now - s.last_update > idle]:
+            self.state.end(session, f"it expired after {idle:g} s without a call")
+            self.metrics.finished(session.task, Status.CANCELLED.value)
+            if session.lost is None:
+                self.state.hold_for_cancel(session)
+                self._spawn(self._cancel_on_worker(session.worker, session.id))
+
+    async def _monitor(self) -> None:
+        cfg = self.config
+        interval = max(0.05, min(1.0, cfg.unresponsive_after / 4, cfg.idle_session_timeout / 4))
+        while True:
+            await asyncio.sleep(interval)
+            self.check()
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reconcile_interval)
+            for worker in [w for w in self.state.workers() if w.state is WorkerState.ALIVE]:
+                self._spawn(self.reconcile(worker))
+
+    async def serve(
+        self,
+        host: str | None = None,
+        port: int | None = None,
+        *,
+        sock: socket.socket | None = None,
+        stop: asyncio.Event | None = None,
+        on_ready: Any = None,
+    ) -> None:
+        """Listen and serve until stopped (SIGTERM/SIGINT or ``stop``)."""
+        sock = sock or bind_socket(host or self.config.host, self.config.port if port is None else port)
+        loops = [asyncio.ensure_future(self._monitor()), asyncio.ensure_future(self._reconcile_loop())]
+        if on_ready is not None:
+            on_ready(sock.getsockname())
+        try:
+            await serve_app(self.app, sock, stop=stop)
+        finally:
+            for task in [*loops, *self._background]:
+                task.cancel()
+            for task in loops:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            for worker in self.state.workers():
+                worker.pool.close()
+
+
+def _required_name(request: Request) -> str:
+    name = request.query().get("name")
+    if not name:
+        raise HTTPError(400, "pass the task name as the query parameter name=<task>")
+    return name
+
+
+def _parse_out(response: Any) -> dict[str, Any] | None:
+    try:
+        data = json.loads(response.body)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
