@@ -39,7 +39,13 @@ from typing import Any
 from agentrl_env_webshop.catalog import human_goals, load_products, product_prices, shuffle_goals
 from agentrl_env_webshop.keywords import instruction_keywords
 from agentrl_env_webshop.search import TOP_N, SearchIndex, product_document
-from agentrl_env_webshop.taxonomy import ATTRIBUTE_PHRASES, FALLBACK_TYPE, FOR_ATTRIBUTES, PRODUCT_TYPES, WITH_ATTRIBUTES
+from agentrl_env_webshop.taxonomy import (
+    ATTRIBUTE_PHRASES,
+    FALLBACK_TYPE,
+    FOR_ATTRIBUTES,
+    PRODUCT_TYPES,
+    WITH_ATTRIBUTES,
+)
 
 GENERATOR_VERSION = 1
 SEED = 20240617
@@ -85,8 +91,7 @@ def product_type(title: str) -> tuple[tuple[str, str, str], str]:
     return (name, category, breadcrumb), matched
 
 
-_NOT_MODIFIERS = frozenset("for with and or of the a an in on to by from set pack piece pcs new men mens women womens kids "
-                           "girls boys baby adult adults unisex ladies size inch inches oz ft".split())
+_NOT_MODIFIERS = frozenset(["for", "with", "and", "or", "of", "the", "a", "an", "in", "on", "to", "by", "from", "set", "pack", "piece", "pcs", "new", "men", "mens", "women", "womens", "kids", "girls", "boys", "baby", "adult", "adults", "unisex", "ladies", "size", "inch", "inches", "oz", "ft"])
 
 
 def _is_modifier(word: str) -> bool:
@@ -341,7 +346,7 @@ def generate(observed: Mapping[str, Any], out_dir: str | Path, *, seed: int = SE
     goals = shuffle_goals(human_goals(load_products(items, ins_v2, human), product_prices(loaded)))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    blobs = dict(zip(FILES, (_gzip_json(items), _gzip_json(ins_v2), _gzip_json(human))))
+    blobs = dict(zip(FILES, (_gzip_json(items), _gzip_json(ins_v2), _gzip_json(human)), strict=True))
     splits, start = {}, 0
     for name, size in SPLITS:
         splits[name] = [start, start + size]

@@ -220,7 +220,7 @@ def synthetic_goals(products: Iterable[Mapping[str, Any]], prices: Mapping[str, 
         options = product["options"]
         names = sorted(options)
         for combination in itertools.product(*(options[n] for n in names)):
-            goal_options = dict(zip(names, combination))
+            goal_options = dict(zip(names, combination, strict=True))
             option_text = ", and ".join(f"{k}: {v}" for k, v in goal_options.items())
             option_text = " with " + option_text if option_text else ""
             goals.append({
@@ -257,7 +257,7 @@ def matches_upstream_order(goals: list[Mapping[str, Any]], reference: list[str],
     """Whether the first ``n`` goals are upstream's (AgentBench ``std`` needs the full catalog)."""
     if len(goals) < n or len(reference) < n:
         return False
-    for goal, instruction in zip(goals[:n], reference[:n]):
+    for goal, instruction in zip(goals[:n], reference[:n], strict=True):
         text = goal["instruction_text"]
         cut = text.rfind(", and price lower than ")
         if cut >= 0:

@@ -17,7 +17,6 @@ import anyio
 
 from agentrl_core.env import Environment, Status, Step, ToolCall, ToolSession, function_tool, run_blocking, tool_result
 from agentrl_core.types import Index, Message
-
 from agentrl_env_webshop.config import WebShopConfig
 from agentrl_env_webshop.oracle import WebShopOracle, oracle_queries
 from agentrl_env_webshop.shop import Shop

@@ -9,9 +9,7 @@ from __future__ import annotations
 import re
 
 FILLER = frozenset(
-    "i im i'm id i'd am looking look for need want would like to buy find me get some please can could you "
-    "purchase it should be that is with and also choose in a an the of which has have my are this one "
-    "something help shopping order".split()
+    ["i", "im", "i'm", "id", "i'd", "am", "looking", "look", "for", "need", "want", "would", "like", "to", "buy", "find", "me", "get", "some", "please", "can", "could", "you", "purchase", "it", "should", "be", "that", "is", "with", "and", "also", "choose", "in", "a", "an", "the", "of", "which", "has", "have", "my", "are", "this", "one", "something", "help", "shopping", "order"]
 )
 _PRICE_CLAUSE = re.compile(r",? and price lower than [\d.]+ dollars\s*$")
 _WORD = re.compile(r"[\w'’.#&+-]+")

@@ -19,7 +19,6 @@ from typing import Any
 
 from agentrl_core.env import assistant_tool_call
 from agentrl_core.types import Message
-
 from agentrl_env_webshop.keywords import instruction_keywords
 
 _ACTIONS_MARK = "Available Actions:\n"

@@ -28,7 +28,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentrl_core.errors import EnvError
-
 from agentrl_env_webshop.normalize import normalize_color
 
 FUZZY_THRESHOLD = 85  # a match needs a score strictly above this

@@ -39,8 +39,7 @@ ANALYZER_VERSION = "1"
 
 # Lucene's EnglishAnalyzer.ENGLISH_STOP_WORDS_SET.
 STOP_WORDS = frozenset(
-    "a an and are as at be but by for if in into is it no not of on or such that the their then there "
-    "these they this to was will with".split()
+    ["a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it", "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there", "these", "they", "this", "to", "was", "will", "with"]
 )
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)+|\w+(?:['’]\w+)*", re.UNICODE)
 
@@ -132,7 +131,7 @@ class SearchIndex:
 def _cache_key(ids: Sequence[str], documents: Sequence[str]) -> str:
     h = hashlib.sha256()
     h.update(f"analyzer={ANALYZER_VERSION};k1={K1};b={B}\n".encode())
-    for doc_id, text in zip(ids, documents):
+    for doc_id, text in zip(ids, documents, strict=True):
         h.update(doc_id.encode())
         h.update(b"\t")
         h.update(text.encode())

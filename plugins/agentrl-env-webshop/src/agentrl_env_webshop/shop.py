@@ -56,10 +56,7 @@ class Shop:
     @classmethod
     def load(cls, config: WebShopConfig) -> Shop:
         started = time.perf_counter()
-        if config.items_path:
-            shop = cls._load_real(config)
-        else:
-            shop = cls._load_bundled(config)
+        shop = cls._load_real(config) if config.items_path else cls._load_bundled(config)
         shop.load_seconds = time.perf_counter() - started
         log.info("WebShop %s catalog: %d products, %d goals (%.1fs)", shop.kind, len(shop.products), len(shop.goals),
                  shop.load_seconds)
