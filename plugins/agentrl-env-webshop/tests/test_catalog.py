@@ -122,3 +122,26 @@ def test_environment_on_a_real_format_catalog(tiny_catalog, tmp_path):
         return rewards
 
     assert anyio.run(main) == [1.0, 1.0, 1.0]
+
+
+def test_std_appears_when_the_goals_are_agentbenchs(tmp_path):
+    """A catalog whose shuffled goals are human_goals.json's first 250 serves ``std`` (0-199)."""
+    from agentrl_env_webshop.data import locate_shipped
+    from tests.conftest import product_record
+
+    reference = json.loads(locate_shipped("human_goals.json").read_text())[:250]
+    order = list(range(250))
+    random.Random(233).shuffle(order)  # shuffled[i] = goals[order[i]]
+    instructions = [""] * 250
+    for i, k in enumerate(order):
+        instructions[k] = reference[i]
+    items = [product_record(f"B{k:09d}", f"Product {k}") for k in range(250)]
+    attrs = {f"B{k:09d}": {"attributes": ["a"]} for k in range(250)}
+    human = {f"B{k:09d}": [{"instruction": instructions[k], "instruction_attributes": ["a"], "instruction_options": []}]
+             for k in range(250)}
+    for name, data in (("items.json", items), ("ins.json", attrs), ("human.json", human)):
+        (tmp_path / name).write_text(json.dumps(data))
+    env = WebShopEnvironment(WebShopConfig(items_path=str(tmp_path / "items.json"), attributes_path=str(tmp_path / "ins.json"),
+                                           human_instructions_path=str(tmp_path / "human.json"), index_cache_dir=""))
+    assert env.index_sets() == {"std": list(range(200))}  # train (1000-11999) needs the full catalog's 12,087 goals
+    assert env.goal("std", 5)["instruction_text"].startswith(reference[5])

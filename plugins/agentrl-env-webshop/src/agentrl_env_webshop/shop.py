@@ -88,7 +88,10 @@ class Shop:
             raise CatalogError(f"the catalog {config.items_path} yields no goal; check human_instructions_path.")
         reference = json.loads(locate_shipped("human_goals.json", config.data_dir).read_text(encoding="utf-8"))
         if config.goal_source == "human" and matches_upstream_order(goals, reference):
-            sets = {"std": list(STD), "train": [i for i in TRAIN if i < len(goals)]}
+            sets = {"std": list(STD)}
+            train = [i for i in TRAIN if i < len(goals)]
+            if train:
+                sets["train"] = train
         else:
             log.info("the goals of %s are not AgentBench's (that needs the full catalog): serving them as 'all'",
                      config.items_path)
