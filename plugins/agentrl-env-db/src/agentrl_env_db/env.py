@@ -1,0 +1,176 @@
+"""The ``db`` environment: AgentBench DB (dbbench) with AgentBench-FC semantics.
+
+Per episode: a fresh database holding the sample's table; the system prompt and the user
+question of upstream; tools ``execute_sql(query)`` and ``commit_final_answer(answers)``;
+15 rounds. ``execute_sql`` answers with ``str(rows)`` (or the database's error text) cut at
+800 characters. ``commit_final_answer`` ends the episode with reward 1 or 0: SELECT-type
+answers are compared with the label after upstream's normalization; INSERT/UPDATE/DELETE
+tasks compare an MD5 over the whole table with the stored hash (the answer is ignored).
+
+Index sets: ``std`` (standard.jsonl, 300), ``dev`` (dev.jsonl, 60 less one unusable
+sample), ``gen-train`` (tasks generated over the dev tables ``std`` does not use) and,
+when ``train_file`` is set, ``train`` (upstream's db_out_new.jsonl format).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any
+
+import anyio
+
+from agentrl_core.env import Environment, Status, Step, ToolCall, ToolSession, function_tool, tool_result
+from agentrl_core.types import Index, Message
+from agentrl_env_db import tasks as tasks_mod
+from agentrl_env_db.backend import Backend, Handle
+from agentrl_env_db.config import DBConfig
+from agentrl_env_db.scoring import compare_results
+from agentrl_env_db.tasks import SYSTEM_PROMPT, DBTask
+
+log = logging.getLogger(__name__)
+
+TOOLS = [
+    function_tool(
+        "execute_sql",
+        "Executes a given SQL statement on the database and returns the result.",
+        {"query": {"type": "string", "description": "The SQL query to be executed."}},
+        required=["query"],
+    ),
+    function_tool(
+        "commit_final_answer",
+        "Commits the final answer after all operations are completed.",
+        {
+            "answers": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "The list of final answers to commit.",
+            }
+        },
+        required=["answers"],
+    ),
+]
+
+
+class DBSession(ToolSession):
+    def __init__(self, env: DBEnvironment, task: DBTask) -> None:
+        super().__init__(TOOLS, max_rounds=env.config.max_rounds)
+        self.env = env
+        self.task = task
+        self.handle: Handle | None = None
+        self.counts = {"sql_calls": 0, "sql_errors": 0, "sql_timeouts": 0, "capped_reads": 0}
+
+    async def on_start(self) -> Step:
+        self.handle = await self.env.create_handle(self.task)
+        return Step(
+            [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": self.task.user_prompt()},
+            ]
+        )
+
+    async def on_tool_call(self, call: ToolCall, message: Message) -> Step:
+        assert self.handle is not None
+        if call.name == "execute_sql":
+            result = await self.handle.execute(call.arguments["query"])
+            self.counts["sql_calls"] += 1
+            self.counts["sql_errors"] += int(result.error)
+            self.counts["sql_timeouts"] += int(result.timed_out)
+            self.counts["capped_reads"] += int(result.capped)
+            return Step([tool_result(call, result.text or "No response from database.")])
+        answers = call.arguments["answers"]
+        if self.task.is_modification:
+            got: Any = await self.handle.table_hash()
+        else:
+            got = answers
+        correct = compare_results(got, self.task.answer, self.task.kind)
+        return Step(
+            [tool_result(call, "Answer committed.")],
+            status=Status.COMPLETED,
+            reward=1.0 if correct else 0.0,
+            metrics={"correct": correct, "type": self.task.kind},
+        )
+
+    def metrics(self) -> dict[str, Any]:
+        return {**super().metrics(), **self.counts}
+
+    async def on_close(self) -> None:
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            await handle.close()
+
+
+class DBEnvironment(Environment):
+    name = "db"
+    tools = TOOLS
+
+    def __init__(self, config: DBConfig | None = None) -> None:
+        super().__init__(config or DBConfig())
+        self.concurrency = self.config.concurrency
+        self.backend: Backend = self._make_backend()
+
+    def _make_backend(self) -> Backend:
+        if self.config.backend == "mysql":
+            from agentrl_env_db.mysql_backend import MySQLBackend
+
+            return MySQLBackend(self.config)
+        from agentrl_env_db.sqlite_backend import SQLiteBackend
+
+        return SQLiteBackend(self.config)
+
+    # -- tasks ----------------------------------------------------------------------------
+
+    @cached_property
+    def _tasks(self) -> dict[str, list[DBTask]]:
+        c = self.config
+        loaded = {split: tasks_mod.load_split(split, c.data_dir) for split in ("std", "dev")}
+        from agentrl_env_db.gen import generate
+
+        loaded["gen-train"] = generate(loaded["dev"], loaded["std"], per_table=c.gen_train_per_table, seed=c.gen_train_seed)
+        if c.train_file:
+            loaded["train"] = tasks_mod.load_train(c.train_file, c.train_db_dir)
+        return loaded
+
+    @cached_property
+    def _index_sets(self) -> dict[str, list[int]]:
+        return {split: tasks_mod.usable_indices(split, ts) for split, ts in self._tasks.items()}
+
+    def index_sets(self) -> dict[str, Sequence[Index]]:
+        return dict(self._index_sets)
+
+    def task(self, split: str, index: Index) -> DBTask:
+        index = self.check_index(split, index)
+        return self._tasks[split][int(index)]
+
+    # -- sessions -------------------------------------------------------------------------
+
+    async def open(self, split: str, index: Index) -> DBSession:
+        return DBSession(self, self.task(split, index))
+
+    async def create_handle(self, task: DBTask) -> Handle:
+        if task.sqlite_file is not None and self.config.backend != "sqlite":
+            return await self._sqlite_for_files.create(task)
+        return await self.backend.create(task)
+
+    @cached_property
+    def _sqlite_for_files(self) -> Backend:
+        # Upstream runs "user_sqlite" training rows on SQLite files whatever the main backend.
+        from agentrl_env_db.sqlite_backend import SQLiteBackend
+
+        return SQLiteBackend(self.config)
+
+    def oracle(self, split: str, index: Index, *, error_rate: float = 0.0, seed: int = 0) -> Any:
+        from agentrl_env_db.oracle import DBOracle
+
+        return DBOracle(self.task(split, index), error_rate=error_rate, seed=seed)
+
+    def resource_count(self) -> int:
+        extra = self.__dict__["_sqlite_for_files"].live() if "_sqlite_for_files" in self.__dict__ else 0
+        return self.backend.live() + extra
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.backend.aclose()
+            if "_sqlite_for_files" in self.__dict__:
+                await self._sqlite_for_files.aclose()
