@@ -16,6 +16,7 @@ COMMANDS = [
     "config_cmd",
     "demos",
     "model",
+    "engine",
     "worker",
     "controller",
 ]

@@ -1,0 +1,441 @@
+"""One async client for every engine (our HF server and SGLang): generate, health, weight updates.
+
+* :class:`EngineClient` talks to one engine over a shared, pooled ``httpx.AsyncClient``.
+  Every call has a timeout. A call is retried **only** when the connection could not be
+  made (the request never left this process); after a connection was made it is never
+  retried, since the engine may have processed it.
+* :class:`EnginePool` routes ``generate`` calls over the engines of one named pool: a
+  trajectory ``key`` sticks to the engine that served its first turn (that engine holds its
+  prefix in cache), new keys go to the engine with the fewest requests in flight, and an
+  engine that cannot be reached is skipped for a while (its requests move, stickiness too).
+  Pool-wide calls (pause, continue, weight updates) go to every engine concurrently.
+* :class:`GenerateResult` is the record the agent loop consumes: sampled ids, their
+  log-probs, the finish reason (``stop``, ``length``, ``abort``), the weight version that
+  produced them, and which engine and pool answered.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import httpx
+from attrs import field, frozen
+
+from agentrl_core.errors import AgentrlError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EngineError", "EngineUnavailable", "GenerateResult", "EngineClient", "EnginePool", "make_http_client"]
+
+
+class EngineError(AgentrlError):
+    """An engine answered with an error, or the answer was unusable."""
+
+    def __init__(self, message: str, *, url: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status = status
+
+
+class EngineUnavailable(EngineError):
+    """No connection could be made to the engine (the request was never sent)."""
+
+
+def normalize_version(value: Any) -> int | str:
+    """Weight versions are ints here; SGLang sends strings (``"3"``), non-numeric ones stay strings."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    text = str(value) if value is not None else "default"
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+@frozen
+class GenerateResult:
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length" | "abort"
+    weight_version: int | str
+    text: str = ""
+    engine: str = ""
+    pool: str = ""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    matched_stop: int | str | None = None
+    message: str | None = None  # why it was aborted
+    latency: float = 0.0
+    meta_info: dict[str, Any] = field(factory=dict, repr=False)
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason == "abort"
+
+    @classmethod
+    def from_response(cls, data: Mapping[str, Any], *, engine: str = "", pool: str = "",
+                      latency: float = 0.0) -> GenerateResult:
+        """Read SGLang's ``/generate`` answer (``text``, ``output_ids``, ``meta_info``)."""
+        meta = data.get("meta_info") or {}
+        reason = meta.get("finish_reason") or {}
+        if isinstance(reason, str):
+            reason = {"type": reason}
+        kind = str(reason.get("type") or "stop")
+        pairs = meta.get("output_token_logprobs")
+        ids = data.get("output_ids")
+        if ids is None and pairs is not None:
+            ids = [int(p[1]) for p in pairs]
+        if ids is None:
+            raise EngineError(f"{engine}: the /generate answer has no output_ids", url=engine)
+        ids = [int(i) for i in ids]
+        logprobs = [float(p[0]) for p in pairs] if pairs is not None else []
+        if pairs is not None and [int(p[1]) for p in pairs] != ids:
+            raise EngineError(f"{engine}: output_token_logprobs do not match output_ids", url=engine)
+        return cls(
+            output_ids=ids,
+            logprobs=logprobs,
+            finish_reason=kind if kind in ("stop", "length", "abort") else "stop",
+            weight_version=normalize_version(meta.get("weight_version")),
+            text=str(data.get("text") or ""),
+            engine=engine,
+            pool=pool,
+            prompt_tokens=int(meta.get("prompt_tokens") or 0),
+            cached_tokens=int(meta.get("cached_tokens") or 0),
+            matched_stop=reason.get("matched"),
+            message=reason.get("message") if kind == "abort" else None,
+            latency=latency,
+            meta_info=dict(meta),
+        )
+
+
+def make_http_client(*, timeout: float = 900.0, connect_timeout: float = 10.0,
+                     max_connections: int = 4096) -> httpx.AsyncClient:
+    """The pooled HTTP client engines share (one per process is enough)."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout, connect=connect_timeout, pool=timeout),
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=min(max_connections, 1024),
+                            keepalive_expiry=30.0),
+        trust_env=False,
+    )
+
+
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+
+class EngineClient:
+    """One engine's HTTP API. ``http`` is shared between clients; the owner of ``http`` closes it."""
+
+    def __init__(self, url: str, *, http: httpx.AsyncClient | None = None, connect_retries: int = 3,
+                 retry_backoff: float = 0.5, timeout: float | None = None) -> None:
+        self.url = url.rstrip("/")
+        self._own_http = http is None
+        self.http = http or make_http_client()
+        self.connect_retries = connect_retries
+        self.retry_backoff = retry_backoff
+        self.timeout = timeout
+
+    async def aclose(self) -> None:
+        if self._own_http:
+            await self.http.aclose()
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------------------
+
+    async def request(self, method: str, path: str, payload: Any = None, *, timeout: float | None = None,
+                      ok: Sequence[int] = (200,)) -> httpx.Response:
+        """Send one request; retried only while no connection could be made."""
+        url = self.url + path
+        kwargs: dict[str, Any] = {}
+        if payload is not None:
+            kwargs["json"] = payload
+        if timeout is not None or self.timeout is not None:
+            kwargs["timeout"] = timeout if timeout is not None else self.timeout
+        attempt = 0
+        while True:
+            try:
+                response = await self.http.request(method, url, **kwargs)
+                break
+            except _NOT_SENT as exc:
+                attempt += 1
+                if attempt > self.connect_retries:
+                    raise EngineUnavailable(f"cannot connect to the engine at {self.url} ({type(exc).__name__}: "
+                                            f"{exc or 'no answer'}); is it running?", url=self.url) from None
+                await anyio.sleep(self.retry_backoff * 2 ** (attempt - 1))
+            except httpx.TimeoutException as exc:
+                raise EngineError(f"{method} {url} timed out ({type(exc).__name__}); the engine may still be "
+                                  "working on it", url=self.url) from None
+            except httpx.HTTPError as exc:
+                raise EngineError(f"{method} {url} failed after the request was sent ({type(exc).__name__}: {exc})",
+                                  url=self.url) from None
+        if response.status_code not in ok:
+            raise EngineError(f"{method} {url} answered {response.status_code}: {_detail(response)}",
+                              url=self.url, status=response.status_code)
+        return response
+
+    async def _json(self, method: str, path: str, payload: Any = None, **kwargs: Any) -> Any:
+        response = await self.request(method, path, payload, **kwargs)
+        try:
+            return response.json()
+        except ValueError:
+            raise EngineError(f"{method} {self.url}{path} answered non-JSON: {response.text[:200]!r}",
+                              url=self.url) from None
+
+    async def _admin(self, path: str, payload: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
+        """SGLang admin calls answer ``{success, message}`` (400 on failure)."""
+        response = await self.request("POST", path, dict(payload), ok=(200, 400, 409), **kwargs)
+        try:
+            data = response.json()
+        except ValueError:
+            data = {"success": False, "message": response.text[:300]}
+        if response.status_code != 200 or data.get("success") is False:
+            raise EngineError(f"{self.url}{path} failed ({response.status_code}): {data.get('message') or data}",
+                              url=self.url, status=response.status_code)
+        return data
+
+    # ------------------------------------------------------------------------------
+    # Generation
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None, *,
+                       return_logprob: bool = True, rid: str | None = None, pool: str = "") -> GenerateResult:
+        payload = {"input_ids": [int(t) for t in input_ids], "sampling_params": dict(sampling_params or {}),
+                   "return_logprob": return_logprob, "rid": rid or uuid.uuid4().hex}
+        start = time.monotonic()
+        data = await self._json("POST", "/generate", payload)
+        result = GenerateResult.from_response(data, engine=self.url, pool=pool, latency=time.monotonic() - start)
+        if return_logprob and len(result.logprobs) != len(result.output_ids):
+            raise EngineError(f"{self.url}: {len(result.output_ids)} tokens came back with "
+                              f"{len(result.logprobs)} log-probs", url=self.url)
+        return result
+
+    async def chat_completions(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        return await self._json("POST", "/v1/chat/completions", dict(payload))
+
+    async def abort_request(self, rid: str | None = None) -> None:
+        await self.request("POST", "/abort_request", {"rid": rid} if rid else {"abort_all": True})
+
+    # ------------------------------------------------------------------------------
+    # State
+
+    async def health(self, timeout: float = 5.0) -> bool:
+        try:
+            response = await self.http.get(self.url + "/health", timeout=timeout)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def wait_healthy(self, timeout: float, interval: float = 0.5) -> None:
+        """Poll ``/health`` until it answers 200 (startup); EngineUnavailable after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while not await self.health():
+            if time.monotonic() > deadline:
+                raise EngineUnavailable(f"the engine at {self.url} did not become healthy within {timeout:.0f} s",
+                                        url=self.url)
+            await anyio.sleep(interval)
+
+    async def model_info(self) -> dict[str, Any]:
+        return await self._json("GET", "/get_model_info")
+
+    async def server_info(self) -> dict[str, Any]:
+        return await self._json("GET", "/get_server_info")
+
+    async def flush_cache(self) -> None:
+        await self.request("POST", "/flush_cache")
+
+    async def pause_generation(self, mode: str = "abort") -> dict[str, Any]:
+        return await self._json("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self, **options: Any) -> dict[str, Any]:
+        return await self._json("POST", "/continue_generation", options)
+
+    # ------------------------------------------------------------------------------
+    # Weight updates (DESIGN.md section 5: pause -> all buckets -> continue)
+
+    async def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, group_name: str = "weight_update_group",
+                                        backend: str = "gloo") -> dict[str, Any]:
+        """Join the learner's group; returns once every rank joined (call it concurrently with the learner)."""
+        return await self._admin("/init_weights_update_group", {
+            "master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+            "world_size": int(world_size), "group_name": group_name, "backend": backend})
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict[str, Any]:
+        return await self._admin("/destroy_weights_update_group", {"group_name": group_name})
+
+    async def update_weights_from_distributed(self, *, names: Sequence[str], dtypes: Sequence[str],
+                                              shapes: Sequence[Sequence[int]], group_name: str = "weight_update_group",
+                                              weight_version: Any = None, flush_cache: bool = True) -> dict[str, Any]:
+        """Receive one bucket; returns once the engine received it (the learner broadcasts meanwhile)."""
+        payload: dict[str, Any] = {"names": list(names), "dtypes": [str(d).removeprefix("torch.") for d in dtypes],
+                                   "shapes": [list(map(int, s)) for s in shapes], "group_name": group_name,
+                                   "flush_cache": flush_cache}
+        if weight_version is not None:
+            payload["weight_version"] = str(weight_version)
+        return await self._admin("/update_weights_from_distributed", payload)
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: Any = None) -> dict[str, Any]:
+        payload: dict[str, Any] = {"model_path": str(model_path)}
+        if weight_version is not None:
+            payload["weight_version"] = str(weight_version)
+        return await self._admin("/update_weights_from_disk", payload)
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text[:300] or response.reason_phrase
+    if isinstance(data, dict):
+        for key in ("detail", "message", "error"):
+            if key in data:
+                value = data[key]
+                return str(value.get("message", value) if isinstance(value, dict) else value)[:300]
+    return str(data)[:300]
+
+
+class EnginePool:
+    """The engines of one named pool, with sticky least-loaded routing of ``generate``."""
+
+    def __init__(self, name: str, urls: Sequence[str], *, http: httpx.AsyncClient | None = None,
+                 connect_retries: int = 3, down_seconds: float = 10.0, max_sticky_keys: int = 100_000) -> None:
+        if not urls:
+            raise ValueError(f"engine pool {name!r} needs at least one engine URL")
+        self.name = name
+        self._own_http = http is None
+        self.http = http or make_http_client()
+        self.engines = {url.rstrip("/"): EngineClient(url, http=self.http, connect_retries=connect_retries)
+                        for url in urls}
+        self.urls = list(self.engines)
+        self.in_flight: dict[str, int] = dict.fromkeys(self.urls, 0)
+        self.down_seconds = down_seconds
+        self._down_until: dict[str, float] = {}
+        self._sticky: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._max_sticky = max_sticky_keys
+        self._turn = itertools.count()
+
+    async def aclose(self) -> None:
+        if self._own_http:
+            await self.http.aclose()
+
+    async def __aenter__(self) -> EnginePool:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------------------
+    # Routing
+
+    def _up(self, url: str) -> bool:
+        return self._down_until.get(url, 0.0) <= time.monotonic()
+
+    def pick(self, key: str | None = None, *, avoid: Sequence[str] = ()) -> str:
+        """The engine for ``key``: its sticky engine if up, else the least loaded one (and stick to it)."""
+        if key is not None:
+            url = self._sticky.get(key)
+            if url is not None and url not in avoid and self._up(url):
+                self._sticky.move_to_end(key)
+                return url
+        candidates = [u for u in self.urls if u not in avoid and self._up(u)] or \
+                     [u for u in self.urls if u not in avoid] or self.urls
+        least = min(self.in_flight[u] for u in candidates)
+        tied = [u for u in candidates if self.in_flight[u] == least]
+        url = tied[next(self._turn) % len(tied)]
+        if key is not None:
+            self._sticky[key] = url
+            self._sticky.move_to_end(key)
+            while len(self._sticky) > self._max_sticky:
+                self._sticky.popitem(last=False)
+        return url
+
+    def forget(self, key: str) -> None:
+        """Drop the stickiness of a finished trajectory."""
+        self._sticky.pop(key, None)
+
+    async def generate(self, key: str | None, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
+                       return_logprob: bool = True) -> GenerateResult:
+        """Generate on the sticky (or least-loaded) engine; unreachable engines are failed over."""
+        tried: list[str] = []
+        while True:
+            url = self.pick(key, avoid=tried)
+            self.in_flight[url] += 1
+            try:
+                return await self.engines[url].generate(input_ids, sampling_params, return_logprob=return_logprob,
+                                                        pool=self.name)
+            except EngineUnavailable:
+                self._down_until[url] = time.monotonic() + self.down_seconds
+                tried.append(url)
+                if key is not None:
+                    self._sticky.pop(key, None)
+                if len(tried) >= len(self.urls):
+                    raise
+                log.warning("pool %s: engine %s is unreachable; sending to another engine", self.name, url)
+            finally:
+                self.in_flight[url] -= 1
+
+    # ------------------------------------------------------------------------------
+    # Pool-wide calls (concurrently on every engine)
+
+    async def _each(self, method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        results: dict[str, Any] = {}
+
+        async def one(url: str) -> None:
+            results[url] = await getattr(self.engines[url], method)(*args, **kwargs)
+
+        async with anyio.create_task_group() as tg:
+            for url in self.urls:
+                tg.start_soon(one, url)
+        return results
+
+    async def health(self) -> dict[str, bool]:
+        return await self._each("health")
+
+    async def wait_healthy(self, timeout: float) -> None:
+        await self._each("wait_healthy", timeout)
+
+    async def model_info(self) -> dict[str, Any]:
+        return await self._each("model_info")
+
+    async def flush_cache(self) -> None:
+        await self._each("flush_cache")
+
+    async def pause_generation(self) -> dict[str, Any]:
+        return await self._each("pause_generation")
+
+    async def continue_generation(self) -> dict[str, Any]:
+        return await self._each("continue_generation")
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: Any = None) -> dict[str, Any]:
+        return await self._each("update_weights_from_disk", model_path, weight_version)
+
+    async def update_weights_from_distributed(self, **kwargs: Any) -> dict[str, Any]:
+        return await self._each("update_weights_from_distributed", **kwargs)
+
+    async def init_weights_update_group(self, *, master_address: str, master_port: int, group_name: str,
+                                        backend: str, rank_base: int = 1, ranks_per_engine: int = 1,
+                                        world_size: int | None = None) -> dict[str, Any]:
+        """Join every engine to the learner's group: engine i is rank ``rank_base + i * ranks_per_engine``."""
+        world_size = world_size or rank_base + len(self.urls) * ranks_per_engine
+        results: dict[str, Any] = {}
+
+        async def one(i: int, url: str) -> None:
+            results[url] = await self.engines[url].init_weights_update_group(
+                master_address=master_address, master_port=master_port, rank_offset=rank_base + i * ranks_per_engine,
+                world_size=world_size, group_name=group_name, backend=backend)
+
+        async with anyio.create_task_group() as tg:
+            for i, url in enumerate(self.urls):
+                tg.start_soon(one, i, url)
+        return results

@@ -1,0 +1,205 @@
+"""The engine's model: the Hugging Face weights run by a lean forward with a slot KV cache.
+
+``transformers`` generate keeps one cache per call; continuous batching needs requests of
+different lengths to share every forward pass and to join and leave at any step. So the
+engine keeps the HF module (its weights, norms, projections, rotary embedding: exactly
+what the learner trains and what weight updates overwrite) and runs its own attention:
+
+* the KV cache is ``[layers, slots, kv_heads, capacity, head_dim]``; a request owns one
+  slot; ``capacity`` grows by doubling up to ``max_context`` as requests get longer;
+* :meth:`EngineModel.extend` runs one forward over a batch of slots, each with its own
+  start position and number of new tokens (a prefill is an extend from 0, a decoding step
+  an extend by one token), and returns the logits of each row's last new token;
+* attention masks every key past the query's position, so padding rows and stale cache
+  entries beyond a slot's length are never read.
+
+The result equals the plain ``transformers`` forward pass within float rounding (tested
+to 1e-4 in log-probs, fp32 on CPU). Supported architectures: Qwen2 (Qwen2.5), Llama and
+Qwen3 (the same block with q/k norms); anything else is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+def load_hf_model(path: str | Path, *, dtype: str = "auto", device: str = "cpu") -> Any:
+    """``AutoModelForCausalLM.from_pretrained`` in eval mode; ``auto`` keeps the checkpoint's dtype."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"the hf engine runs {', '.join(SUPPORTED_MODEL_TYPES)} models; {path} is a {config.model_type!r} model "
+            "(use the sglang driver for other architectures)"
+        )
+    if any(t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
+        raise UnsupportedModelError(f"{path} uses sliding-window attention, which the hf engine does not implement")
+    kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else DTYPES[dtype]}
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+class EngineModel:
+    """The forward pass and KV cache of one engine (used only from the scheduler thread)."""
+
+    def __init__(self, hf_model: Any, *, max_slots: int, max_context: int | None = None,
+                 initial_capacity: int = 256) -> None:
+        self.hf = hf_model
+        config = hf_model.config
+        self.config = config
+        self.device = next(hf_model.parameters()).device
+        self.dtype = next(hf_model.parameters()).dtype
+        self.layers = list(hf_model.model.layers)
+        self.embed = hf_model.model.embed_tokens
+        self.norm = hf_model.model.norm
+        self.rotary = hf_model.model.rotary_emb
+        self.lm_head = hf_model.lm_head
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.scaling = self.layers[0].self_attn.scaling
+        self.has_qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
+        self.vocab_size = config.vocab_size
+        self.max_context = int(max_context or config.max_position_embeddings)
+        self.max_slots = max_slots
+        self.capacity = 0
+        self.k_cache = self.v_cache = torch.empty(0)
+        self._grow(min(initial_capacity, self.max_context))
+
+    # ------------------------------------------------------------------------------
+    # KV cache
+
+    def cache_bytes(self, capacity: int | None = None) -> int:
+        capacity = self.capacity if capacity is None else capacity
+        per = len(self.layers) * self.max_slots * self.num_kv_heads * capacity * self.head_dim
+        return 2 * per * torch.finfo(self.dtype).bits // 8
+
+    def _grow(self, needed: int) -> None:
+        if needed <= self.capacity:
+            return
+        if needed > self.max_context:
+            raise ValueError(f"a sequence of {needed} tokens exceeds the engine's max_context of {self.max_context}")
+        capacity = min(self.max_context, max(needed, 2 * self.capacity, 64))
+        shape = (len(self.layers), self.max_slots, self.num_kv_heads, capacity, self.head_dim)
+        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if self.capacity:
+            k[..., : self.capacity, :] = self.k_cache
+            v[..., : self.capacity, :] = self.v_cache
+        self.k_cache, self.v_cache, self.capacity = k, v, capacity
+        log.debug("KV cache grown to %d positions per slot (%.1f MiB)", capacity, self.cache_bytes() / 2**20)
+
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        self.k_cache[:, dst, :, :length] = self.k_cache[:, src, :, :length]
+        self.v_cache[:, dst, :, :length] = self.v_cache[:, src, :, :length]
+
+    # ------------------------------------------------------------------------------
+    # Forward
+
+    @torch.inference_mode()
+    def extend(self, slots: Sequence[int], tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> torch.Tensor:
+        """Append ``tokens[i]`` to slot ``slots[i]`` at position ``starts[i]``; fp32 logits ``[B, V]``.
+
+        Slot ``slots[i]`` must hold valid keys/values for positions ``[0, starts[i])``.
+        The logits are those of each row's last new token.
+        """
+        batch = len(slots)
+        lengths = [len(t) for t in tokens]
+        width = max(lengths)
+        self._grow(max(s + width for s in starts))
+        dev = self.device
+        ids = torch.zeros(batch, width, dtype=torch.long)
+        for i, row in enumerate(tokens):
+            ids[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+        ids = ids.to(dev)
+        start_t = torch.as_tensor(starts, dtype=torch.long, device=dev)
+        positions = start_t[:, None] + torch.arange(width, device=dev)[None, :]  # [B, N]
+        total = int(max(s + n for s, n in zip(starts, lengths, strict=True)))  # keys to attend to
+        key_pos = torch.arange(total, device=dev)
+        mask = (key_pos[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, N, T]
+        slot_t = torch.as_tensor(slots, dtype=torch.long, device=dev)
+        contiguous = list(slots) == list(range(slots[0], slots[0] + batch))
+
+        hidden = self.embed(ids)
+        cos, sin = self.rotary(hidden, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        write_slots = slot_t[:, None].expand(batch, width)
+        for index, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            residual = hidden
+            x = layer.input_layernorm(hidden)
+            q = attn.q_proj(x).view(batch, width, self.num_heads, self.head_dim)
+            k = attn.k_proj(x).view(batch, width, self.num_kv_heads, self.head_dim)
+            v = attn.v_proj(x).view(batch, width, self.num_kv_heads, self.head_dim)
+            if self.has_qk_norm:
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            k_layer, v_layer = self.k_cache[index], self.v_cache[index]  # [S, H, T, D]
+            # advanced indices (slot, position) around a slice: the value is [B, N, H, D]
+            k_layer[write_slots, :, positions] = k.transpose(1, 2)
+            v_layer[write_slots, :, positions] = v.transpose(1, 2)
+            if contiguous:
+                keys = k_layer[slots[0] : slots[0] + batch, :, :total]
+                values = v_layer[slots[0] : slots[0] + batch, :, :total]
+            else:
+                keys = k_layer[slot_t, :, :total]
+                values = v_layer[slot_t, :, :total]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling,
+                                                 enable_gqa=self.num_kv_heads != self.num_heads)
+            out = out.transpose(1, 2).reshape(batch, width, self.num_heads * self.head_dim)
+            hidden = residual + attn.o_proj(out)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        last = torch.as_tensor([n - 1 for n in lengths], device=dev)
+        hidden = hidden[torch.arange(batch, device=dev), last]
+        return self.lm_head(self.norm(hidden)).float()
+
+    # ------------------------------------------------------------------------------
+    # Weights
+
+    def parameter_table(self) -> dict[str, torch.Tensor]:
+        """Every name a weight update may use -> the parameter it writes (tied names share one)."""
+        table = dict(self.hf.named_parameters(remove_duplicate=False))
+        if getattr(self.config, "tie_word_embeddings", False):
+            table.setdefault("lm_head.weight", self.hf.model.embed_tokens.weight)
+        return table
+
+    def required_names(self) -> set[str]:
+        """One name per distinct parameter: a full update must write each of them."""
+        return {name for name, _ in self.hf.named_parameters()}
+
+    @torch.inference_mode()
+    def load_tensors(self, named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+        """Copy tensors into the parameters of the same name; returns the names written."""
+        table = self.parameter_table()
+        written = []
+        for name, tensor in named:
+            param = table[name]
+            param.copy_(tensor.to(device=param.device, dtype=param.dtype))
+            written.append(name)
+        return written
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

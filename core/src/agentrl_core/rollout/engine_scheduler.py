@@ -1,0 +1,545 @@
+"""Continuous batching for the HF engine: one scheduler thread owns the model.
+
+Every iteration of the scheduler thread
+
+1. runs the control commands queued by the HTTP side (pause, continue, weight updates,
+   cache flush) — so a command never overlaps a forward pass;
+2. admits waiting requests into free KV-cache slots (FIFO, within a prefill token budget),
+   reusing the longest cached prefix of a finished request (multi-turn prompts extend the
+   previous turn, so a turn only prefills the new observation tokens);
+3. prefills the admitted requests (one padded forward per group of similar lengths) and
+   samples their first token;
+4. runs **one** batched decoding forward over every running request and samples one token
+   for each; finished requests leave, their slot keeps its tokens for prefix reuse.
+
+Sampling: logits are divided by the request's temperature, log-softmaxed in fp32, and the
+returned log-prob of a sampled token is its log-prob under that distribution (top-p/top-k/
+min-p truncation only restricts what may be sampled; it does not renormalize the returned
+log-prob). ``temperature == 0`` is greedy and returns log-probs of the unscaled logits. A
+request with a ``seed`` draws from its own generator, so its tokens do not depend on what
+else is in the batch.
+
+Weight versions: a request records the engine's weight version when it is admitted. Weights
+change only while generation is paused, and pausing aborts every running request, so all
+tokens of a request come from one version, and no token is ever computed by partly updated
+weights: :meth:`Scheduler.resume` refuses to continue after a distributed update that did
+not write every parameter.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from attrs import define, field, frozen
+
+from agentrl_core.rollout.engine_model import EngineModel
+
+log = logging.getLogger(__name__)
+
+ABORT_PAUSED = "generation was paused for a weight update; send the request again"
+
+
+class EngineConflict(Exception):
+    """An operation that is not allowed in the engine's current state (HTTP 409)."""
+
+
+@frozen
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_new_tokens: int = 128
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+    skip_special_tokens: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-6
+
+    @property
+    def truncates(self) -> bool:
+        return not self.greedy and (self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0)
+
+
+@frozen
+class Completion:
+    """What a finished request returns (built in the scheduler thread)."""
+
+    rid: str
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: dict[str, Any]
+    weight_version: Any
+    prompt_tokens: int
+    cached_tokens: int
+    queue_seconds: float
+    total_seconds: float
+
+
+@define(eq=False)
+class Request:
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    on_finish: Callable[[Completion], None]
+    arrived: float = field(factory=time.monotonic)
+    admitted: float = 0.0
+    output_ids: list[int] = field(factory=list)
+    logprobs: list[float] = field(factory=list)
+    slot: int = -1
+    cached_tokens: int = 0
+    version: Any = None
+    generator: torch.Generator | None = None
+    stop_ids: frozenset[int] = frozenset()
+    finished: bool = False
+
+
+@define
+class EngineStats:
+    generated_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    requests: int = 0
+    aborted: int = 0
+    forward_seconds: float = 0.0
+    decode_steps: int = 0
+    prefill_forwards: int = 0
+    started: float = field(factory=time.monotonic)
+
+
+class Scheduler:
+    """Owns the model and the KV cache; every method not marked thread-safe runs on its thread."""
+
+    def __init__(
+        self,
+        model: EngineModel,
+        *,
+        eos_token_ids: Sequence[int] = (),
+        weight_version: Any = 0,
+        max_prefill_tokens: int = 4096,
+        seed: int = 0,
+        prefix_cache: bool = True,
+        decode_text: Callable[[list[int]], str] | None = None,
+    ) -> None:
+        self.model = model
+        self.max_running = model.max_slots
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.weight_version = weight_version
+        self.max_prefill_tokens = max_prefill_tokens
+        self.prefix_cache = prefix_cache
+        self.decode_text = decode_text
+        self.rng = torch.Generator().manual_seed(seed)
+        self.stats = EngineStats()
+        self.paused = False
+        self.pending_update: set[str] = set()  # parameters written since the last pause
+        self.model_path = ""
+        # owned by the scheduler thread
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []
+        self.free_slots = list(range(self.max_running - 1, -1, -1))
+        self.cached: collections.OrderedDict[int, tuple[int, ...]] = collections.OrderedDict()  # slot -> tokens
+        # shared with other threads, guarded by _cond
+        self._cond = threading.Condition()
+        self._incoming: list[Request] = []
+        self._commands: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    # ------------------------------------------------------------------------------
+    # Thread-safe API
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    def submit(self, request: Request) -> None:
+        """Queue a request (thread-safe); ``request.on_finish`` is called on the scheduler thread."""
+        with self._cond:
+            if self._stopping:
+                raise EngineConflict("the engine is shutting down")
+            self._incoming.append(request)
+            self._cond.notify()
+
+    def cancel(self, rid: str | None = None) -> None:
+        """Abort one request (or all with ``None``) at the next step boundary (thread-safe)."""
+        self.call(lambda: self._abort(lambda r: rid is None or r.rid == rid, "aborted by the client"))
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run ``fn`` on the scheduler thread between steps (thread-safe); a future of its result."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._stopping:
+                future.set_exception(EngineConflict("the engine is shutting down"))
+                return future
+            self._commands.append((fn, future))
+            self._cond.notify()
+        return future
+
+    def load(self) -> dict[str, int]:
+        return {"running": len(self.running), "waiting": len(self.waiting) + len(self._incoming)}
+
+    # ------------------------------------------------------------------------------
+    # Commands (scheduler thread)
+
+    def pause(self) -> int:
+        """Stop generating: running requests finish with ``abort``; queued ones wait."""
+        if not self.paused:
+            self.paused = True
+            self.pending_update = set()
+        return self._abort(lambda r: True, ABORT_PAUSED, waiting=False)
+
+    def resume(self, allow_partial_update: bool = False) -> None:
+        if self.pending_update and not allow_partial_update:
+            missing = self.model.required_names() - self.pending_update
+            if missing:
+                raise EngineConflict(
+                    f"the weight update since the pause wrote {len(self.pending_update)} of "
+                    f"{len(self.model.required_names())} parameters (missing e.g. {sorted(missing)[0]!r}); send every "
+                    "parameter, reload from disk, or continue with allow_partial_update=true"
+                )
+        self.paused = False
+        self.pending_update = set()
+
+    def flush_cache(self) -> int:
+        dropped = len(self.cached)
+        self.free_slots.extend(self.cached)
+        self.cached.clear()
+        return dropped
+
+    def require_paused(self, what: str) -> None:
+        if not self.paused:
+            raise EngineConflict(f"{what} needs generation paused first: POST /pause_generation, update, then "
+                                 "POST /continue_generation")
+
+    def apply_weights(self, named: Sequence[tuple[str, torch.Tensor]], version: Any, *, source: str) -> None:
+        """Write tensors into the model (paused); the prefix cache is always dropped."""
+        self.model.load_tensors(named)
+        self.pending_update.update(_canonical(self.model, name) for name, _ in named)
+        self.flush_cache()
+        if version is not None:
+            self.weight_version = int(version) if isinstance(version, str) and version.lstrip("-").isdigit() else version
+        log.info("weights updated from %s: %d tensors, version %s", source, len(named), self.weight_version)
+
+    # ------------------------------------------------------------------------------
+    # The loop
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not (self._stopping or self._commands or self._incoming
+                               or (not self.paused and (self.waiting or self.running))):
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    commands, self._commands = self._commands, []
+                    self.waiting.extend(self._incoming)
+                    self._incoming = []
+                for fn, future in commands:
+                    if future.set_running_or_notify_cancel():
+                        try:
+                            future.set_result(fn())
+                        except BaseException as exc:  # the caller gets the error
+                            future.set_exception(exc)
+                if not self.paused and (self.waiting or self.running):
+                    try:
+                        self._step()
+                    except Exception as exc:  # fail the requests in flight with the reason, keep serving
+                        log.exception("engine step failed")
+                        self._abort(lambda r: r in self.running, f"engine error: {type(exc).__name__}: {exc}",
+                                    waiting=False, status_code=500)
+        except BaseException as exc:
+            self.error = exc
+            log.exception("the engine scheduler stopped")
+        finally:
+            self._fail_everything()
+
+    def _fail_everything(self) -> None:
+        message = f"engine stopped: {self.error}" if self.error else "the engine is shutting down"
+        self._abort(lambda r: True, message, status_code=503)
+        with self._cond:
+            self.waiting.extend(self._incoming)
+            self._incoming = []
+            commands, self._commands = self._commands, []
+        for request in list(self.waiting):
+            self._finish(request, {"type": "abort", "message": message, "status_code": 503})
+        self.waiting.clear()
+        for _, future in commands:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(EngineConflict(message))
+
+    def _step(self) -> None:
+        admitted = self._admit()
+        if admitted:
+            self._prefill(admitted)
+        decoding = [r for r in self.running if not r.finished]
+        if decoding:
+            self._decode(decoding)
+
+    # ------------------------------------------------------------------------------
+    # Admission and prefix reuse
+
+    def _admit(self) -> list[Request]:
+        admitted: list[Request] = []
+        budget = self.max_prefill_tokens
+        while self.waiting and len(self.running) < self.max_running:
+            request = self.waiting[0]
+            if len(request.input_ids) >= self.model.max_context or not request.input_ids:
+                self.waiting.popleft()
+                self._finish(request, {"type": "abort", "status_code": 400, "message": (
+                    f"the prompt has {len(request.input_ids)} tokens; the engine takes 1 to "
+                    f"{self.model.max_context - 1} (max_context {self.model.max_context})")})
+                continue
+            slot, reuse = self._take_slot(request.input_ids)
+            new_tokens = len(request.input_ids) - reuse
+            if admitted and new_tokens > budget:
+                self._release(slot, None)
+                break
+            self.waiting.popleft()
+            budget -= new_tokens
+            request.slot = slot
+            request.cached_tokens = reuse
+            request.version = self.weight_version
+            request.admitted = time.monotonic()
+            request.stop_ids = frozenset(request.params.stop_token_ids) | (
+                frozenset() if request.params.ignore_eos else self.eos_token_ids)
+            if request.params.seed is not None:
+                request.generator = torch.Generator().manual_seed(int(request.params.seed))
+            self.running.append(request)
+            admitted.append(request)
+            self.stats.requests += 1
+            self.stats.prompt_tokens += len(request.input_ids)
+            self.stats.cached_tokens += reuse
+        return admitted
+
+    def _take_slot(self, tokens: list[int]) -> tuple[int, int]:
+        """A slot for ``tokens`` and how many leading tokens it already holds."""
+        best_slot, best = -1, 0
+        if self.prefix_cache:
+            for slot, cached in self.cached.items():
+                n = _common_prefix(cached, tokens)
+                if n > best:
+                    best_slot, best = slot, n
+        if best_slot >= 0:
+            del self.cached[best_slot]
+            return best_slot, min(best, len(tokens) - 1)  # the last prompt token is always recomputed
+        if self.free_slots:
+            return self.free_slots.pop(), 0
+        slot, _ = self.cached.popitem(last=False)  # least recently used
+        return slot, 0
+
+    def _release(self, slot: int, tokens: Sequence[int] | None) -> None:
+        if tokens and self.prefix_cache:
+            self.cached[slot] = tuple(tokens)
+        else:
+            self.free_slots.append(slot)
+
+    # ------------------------------------------------------------------------------
+    # Forward passes
+
+    def _prefill(self, requests: list[Request]) -> None:
+        for group in _prefill_groups(requests, lambda r: len(r.input_ids) - r.cached_tokens):
+            t0 = time.perf_counter()
+            logits = self.model.extend([r.slot for r in group], [r.input_ids[r.cached_tokens:] for r in group],
+                                       [r.cached_tokens for r in group])
+            self.stats.forward_seconds += time.perf_counter() - t0
+            self.stats.prefill_forwards += 1
+            self._sample_and_append(group, logits)
+
+    def _decode(self, requests: list[Request]) -> None:
+        requests.sort(key=lambda r: r.slot)  # contiguous slots let the model slice the cache
+        t0 = time.perf_counter()
+        logits = self.model.extend([r.slot for r in requests], [[r.output_ids[-1]] for r in requests],
+                                   [len(r.input_ids) + len(r.output_ids) - 1 for r in requests])
+        self.stats.forward_seconds += time.perf_counter() - t0
+        self.stats.decode_steps += 1
+        self._sample_and_append(requests, logits)
+
+    def _sample_and_append(self, requests: list[Request], logits: torch.Tensor) -> None:
+        tokens, logprobs = sample(logits, [r.params for r in requests], [r.generator for r in requests], self.rng)
+        for request, token, logprob in zip(requests, tokens, logprobs, strict=True):
+            request.output_ids.append(token)
+            request.logprobs.append(logprob)
+            self.stats.generated_tokens += 1
+            reason = self._finish_reason(request, token)
+            if reason is not None:
+                self._finish(request, reason)
+
+    def _finish_reason(self, request: Request, token: int) -> dict[str, Any] | None:
+        params = request.params
+        if token in request.stop_ids:
+            return {"type": "stop", "matched": token}
+        if params.stop and self.decode_text is not None:
+            longest = max(len(s) for s in params.stop)
+            tail = self.decode_text(request.output_ids[-(4 * longest + 2):])
+            for stop in params.stop:
+                if stop in tail:
+                    return {"type": "stop", "matched": stop}
+        if len(request.output_ids) >= params.max_new_tokens:
+            return {"type": "length", "length": len(request.output_ids)}
+        if len(request.input_ids) + len(request.output_ids) >= self.model.max_context:
+            return {"type": "length", "length": len(request.output_ids)}
+        return None
+
+    def _finish(self, request: Request, reason: dict[str, Any]) -> None:
+        if request.finished:
+            return
+        request.finished = True
+        if request in self.running:
+            self.running.remove(request)
+        if request.slot >= 0:
+            # the keys/values of every token fed to the model so far stay valid for reuse
+            fed = request.input_ids + request.output_ids[:-1] if request.output_ids else None
+            self._release(request.slot, fed)
+            request.slot = -1
+        if reason["type"] == "abort":
+            self.stats.aborted += 1
+        now = time.monotonic()
+        completion = Completion(
+            rid=request.rid,
+            output_ids=list(request.output_ids),
+            logprobs=list(request.logprobs),
+            finish_reason=reason,
+            weight_version=request.version if request.version is not None else self.weight_version,
+            prompt_tokens=len(request.input_ids),
+            cached_tokens=request.cached_tokens,
+            queue_seconds=(request.admitted or now) - request.arrived,
+            total_seconds=now - request.arrived,
+        )
+        try:
+            request.on_finish(completion)
+        except Exception:
+            log.exception("delivering the result of request %s failed", request.rid)
+
+    def _abort(self, which: Callable[[Request], bool], message: str, *, waiting: bool = True,
+               status_code: int | None = None) -> int:
+        victims = [r for r in self.running if which(r)]
+        if waiting:
+            queued = [r for r in self.waiting if which(r)]
+            for request in queued:
+                self.waiting.remove(request)
+            victims += queued
+        reason: dict[str, Any] = {"type": "abort", "message": message}
+        if status_code is not None:
+            reason["status_code"] = status_code
+        for request in victims:
+            self._finish(request, dict(reason))
+        return len(victims)
+
+
+# ---------------------------------------------------------------------------------------
+# Sampling
+
+
+def sample(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+    rng: torch.Generator,
+) -> tuple[list[int], list[float]]:
+    """Sample one token per row; returns the tokens and their log-probs under logits/temperature."""
+    batch = logits.shape[0]
+    temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=logits.dtype)
+    logp = torch.log_softmax(logits / temps[:, None], dim=-1)
+    probs = logp.exp()
+    for i, p in enumerate(params):
+        if p.truncates:
+            probs[i] = truncate(probs[i], top_k=p.top_k, top_p=p.top_p, min_p=p.min_p)
+    # exponential race (equivalent to Gumbel-max): argmax p_i / E_i with E_i ~ Exp(1)
+    noise = torch.empty_like(probs)
+    shared = [i for i, g in enumerate(generators) if g is None]
+    if shared:
+        noise[shared] = torch.empty(len(shared), probs.shape[1], dtype=probs.dtype).exponential_(generator=rng)
+    for i, g in enumerate(generators):
+        if g is not None:
+            noise[i].exponential_(generator=g)
+    choice = torch.argmax(probs / noise, dim=-1)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    if greedy:
+        choice[greedy] = torch.argmax(logits[greedy], dim=-1)
+    chosen = logp.gather(1, choice[:, None])[:, 0]
+    return choice.tolist(), chosen.tolist() if batch else []
+
+
+def truncate(probs: torch.Tensor, *, top_k: int = -1, top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
+    """Zero the probabilities outside top-k / the top-p nucleus / below min_p * max (one row)."""
+    probs = probs.clone()
+    if 0 < top_k < probs.shape[-1]:
+        kth = torch.topk(probs, top_k).values[-1]
+        probs[probs < kth] = 0.0
+    if top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass strictly above each token
+        drop = before > top_p
+        drop[0] = False
+        probs[order[drop]] = 0.0
+    if min_p > 0.0:
+        probs[probs < min_p * probs.max()] = 0.0
+    return probs
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix (binary search over C-speed slice comparisons)."""
+    n = min(len(a), len(b))
+    if n == 0 or a[0] != b[0]:
+        return 0
+    if list(a[:n]) == list(b[:n]):
+        return n
+    lo, hi = 1, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if list(a[:mid]) == list(b[:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _prefill_groups(requests: list[Request], length: Callable[[Request], int]) -> list[list[Request]]:
+    """Batch prefills of similar length: padding at most doubles the work of a group."""
+    ordered = sorted(requests, key=length, reverse=True)
+    groups: list[list[Request]] = []
+    for request in ordered:
+        if groups:
+            group = groups[-1]
+            width = length(group[0])
+            real = sum(length(r) for r in group) + length(request)
+            if width * (len(group) + 1) <= 2 * real:
+                group.append(request)
+                continue
+        groups.append([request])
+    return groups
+
+
+def _canonical(model: EngineModel, name: str) -> str:
+    """The name under which ``named_parameters`` lists the tensor ``name`` writes."""
+    if name == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False):
+        return "model.embed_tokens.weight"
+    return name

@@ -1,0 +1,681 @@
+"""``agentrl engine serve``: the HF engine's HTTP server (SGLang's native API subset + OpenAI chat).
+
+Routes (the wire contract is documented in ``core/docs/engine.md``):
+
+=================================  =========================================================
+``POST /generate``                 ``{input_ids | text, sampling_params, return_logprob, rid}``
+``GET /health``, ``/health_generate``  200 while the scheduler runs
+``GET /get_model_info``            model path, weight version, architecture, limits
+``GET /get_server_info``           load and counters (busy fraction, tokens, aborts)
+``GET|POST /flush_cache``          drop the prefix cache
+``POST /abort_request``            ``{rid}`` or ``{abort_all: true}``
+``POST /pause_generation``         ``{mode: "abort"}``: running requests end with ``abort``
+``POST /continue_generation``      resume (refused after an incomplete weight update)
+``POST /init_weights_update_group``  join the learner's group as rank ``rank_offset``
+``POST /update_weights_from_distributed``  receive tensors by broadcast from rank 0 (paused)
+``POST /update_weights_from_disk`` ``{model_path, weight_version}``
+``POST /v1/chat/completions``      OpenAI chat with tools (chat template + tool parser)
+``GET /v1/models``
+=================================  =========================================================
+
+The model runs on the scheduler thread (:mod:`~agentrl_core.rollout.engine_scheduler`);
+handlers only validate, queue and await, so the event loop never runs a forward pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from agentrl_core.env._http import App, HTTPError, Request, Response, bind_socket, json_response, serve_app
+from agentrl_core.rollout.engine_scheduler import Completion, EngineConflict, SamplingParams, Scheduler
+from agentrl_core.rollout.engine_scheduler import Request as EngineRequest
+
+log = logging.getLogger(__name__)
+
+_SAMPLING_KEYS = {
+    "temperature", "top_p", "top_k", "min_p", "max_new_tokens", "stop", "stop_token_ids", "ignore_eos",
+    "skip_special_tokens", "seed", "sampling_seed", "no_stop_trim", "n", "frequency_penalty", "presence_penalty",
+    "repetition_penalty", "min_new_tokens", "spaces_between_special_tokens",
+}
+_NEUTRAL = {"n": 1, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0}
+_TORCH_DTYPES = {"float32", "float", "bfloat16", "float16", "half", "float64", "int64", "int32", "uint8", "int8", "bool"}
+
+
+def parse_sampling_params(raw: Any) -> tuple[SamplingParams, bool]:
+    """SGLang ``sampling_params`` -> (SamplingParams, no_stop_trim); a clear 400 for anything wrong."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise HTTPError(400, "sampling_params must be a JSON object")
+    unknown = sorted(set(raw) - _SAMPLING_KEYS)
+    if unknown:
+        raise HTTPError(400, f"unknown sampling_params {unknown}; the hf engine takes {sorted(_SAMPLING_KEYS)}")
+    for key, neutral in _NEUTRAL.items():
+        if key in raw and raw[key] is not None and raw[key] != neutral:
+            raise HTTPError(400, f"sampling_params.{key}={raw[key]!r} is not supported by the hf engine "
+                                 f"(only {neutral!r})")
+
+    def number(key: str, default: float, kind: type = float) -> Any:
+        value = raw.get(key, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+            raise HTTPError(400, f"sampling_params.{key} must be {'an integer' if kind is int else 'a number'}, "
+                                 f"got {value!r}")
+        return kind(value)
+
+    temperature = number("temperature", 1.0)
+    top_p = number("top_p", 1.0)
+    top_k = number("top_k", -1, int)
+    min_p = number("min_p", 0.0)
+    max_new = number("max_new_tokens", 128, int)
+    if temperature < 0:
+        raise HTTPError(400, f"sampling_params.temperature must be >= 0, got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise HTTPError(400, f"sampling_params.top_p must be in (0, 1], got {top_p}")
+    if not 0.0 <= min_p <= 1.0:
+        raise HTTPError(400, f"sampling_params.min_p must be in [0, 1], got {min_p}")
+    if max_new < 1:
+        raise HTTPError(400, f"sampling_params.max_new_tokens must be >= 1, got {max_new}")
+    stop = raw.get("stop") or ()
+    stop = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+        raise HTTPError(400, "sampling_params.stop must be a string or a list of non-empty strings")
+    stop_ids = raw.get("stop_token_ids") or ()
+    if not isinstance(stop_ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                          for t in stop_ids):
+        raise HTTPError(400, "sampling_params.stop_token_ids must be a list of token ids")
+    seed = raw.get("seed", raw.get("sampling_seed"))
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise HTTPError(400, f"sampling_params.seed must be an integer, got {seed!r}")
+    params = SamplingParams(
+        temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1, min_p=min_p,
+        max_new_tokens=max_new, stop_token_ids=tuple(stop_ids), stop=tuple(stop),
+        ignore_eos=bool(raw.get("ignore_eos", False)), seed=seed,
+        skip_special_tokens=bool(raw.get("skip_special_tokens", True)),
+    )
+    return params, bool(raw.get("no_stop_trim", False))
+
+
+def _weight_response(success: bool, message: str, status: int | None = None, **extra: Any) -> Response:
+    return json_response({"success": success, "message": message, **extra},
+                         status if status is not None else (200 if success else 400))
+
+
+class EngineServer:
+    """One engine: tokenizer, model, scheduler and the HTTP app around them."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        device: str = "cpu",
+        dtype: str = "auto",
+        max_running_requests: int = 64,
+        max_context: int | None = None,
+        max_prefill_tokens: int = 4096,
+        tool_parser: str = "qwen25",
+        weight_version: Any = 0,
+        seed: int = 0,
+        served_model_name: str | None = None,
+        prefix_cache: bool = True,
+    ) -> None:
+        from transformers import AutoTokenizer, GenerationConfig
+
+        from agentrl_core.registry import Registry
+        from agentrl_core.rollout.engine_model import EngineModel, load_hf_model
+
+        self.model_path = str(model_path)
+        self.device = device
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        hf_model = load_hf_model(self.model_path, dtype=dtype, device=device)
+        context = max_context or min(int(hf_model.config.max_position_embeddings), 32768)
+        self.model = EngineModel(hf_model, max_slots=max_running_requests, max_context=context)
+        eos = set()
+        try:
+            generation = GenerationConfig.from_pretrained(self.model_path)
+            ids = generation.eos_token_id
+            eos.update(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+        except OSError:
+            pass
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = sorted(int(t) for t in eos)
+        self.scheduler = Scheduler(
+            self.model, eos_token_ids=self.eos_token_ids, weight_version=weight_version,
+            max_prefill_tokens=max_prefill_tokens, seed=seed, prefix_cache=prefix_cache,
+            decode_text=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
+        )
+        self.scheduler.model_path = self.model_path
+        self.tool_parser_name = tool_parser
+        self.tool_parser = Registry().build("tool_parser", tool_parser)
+        self.served_model_name = served_model_name or Path(self.model_path).name
+        self.groups: dict[str, Any] = {}
+        self.started = time.time()
+        self.app = self._build_app()
+
+    # ------------------------------------------------------------------------------
+    # Lifecycle
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def close(self) -> None:
+        self.scheduler.stop()
+        for group in self.groups.values():
+            _destroy_group(group)
+        self.groups.clear()
+
+    async def serve(self, host: str = "127.0.0.1", port: int = 0, *, stop: asyncio.Event | None = None,
+                    on_listening: Callable[[str], None] | None = None) -> None:
+        sock = bind_socket(host, port)
+        bound = sock.getsockname()
+        url = f"http://{_url_host(host)}:{bound[1]}"
+        self.start()
+        try:
+            if on_listening is not None:
+                on_listening(url)
+            log.info("engine serving %s at %s", self.model_path, url)
+            await serve_app(self.app, sock, stop=stop)
+        finally:
+            sock.close()
+            self.close()
+
+    # ------------------------------------------------------------------------------
+    # Routes
+
+    def _build_app(self) -> App:
+        app = App(name="engine", max_body_bytes=256 * 1024 * 1024)
+        for method, path, handler in [
+            ("POST", "/generate", self.generate),
+            ("GET", "/health", self.health),
+            ("GET", "/health_generate", self.health),
+            ("GET", "/get_model_info", self.model_info),
+            ("GET", "/model_info", self.model_info),
+            ("GET", "/get_server_info", self.server_info),
+            ("GET", "/server_info", self.server_info),
+            ("GET", "/flush_cache", self.flush_cache),
+            ("POST", "/flush_cache", self.flush_cache),
+            ("POST", "/abort_request", self.abort_request),
+            ("POST", "/pause_generation", self.pause_generation),
+            ("POST", "/continue_generation", self.continue_generation),
+            ("POST", "/init_weights_update_group", self.init_weights_update_group),
+            ("POST", "/destroy_weights_update_group", self.destroy_weights_update_group),
+            ("POST", "/update_weights_from_distributed", self.update_weights_from_distributed),
+            ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
+            ("POST", "/v1/chat/completions", self.chat_completions),
+            ("GET", "/v1/models", self.list_models),
+        ]:
+            app.route(method, path, handler)
+        return app
+
+    async def _command(self, fn: Callable[[], Any]) -> Any:
+        return await asyncio.wrap_future(self.scheduler.call(fn))
+
+    async def _complete(self, rid: str, input_ids: list[int], params: SamplingParams) -> Completion:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def deliver(completion: Completion) -> None:
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(completion))
+
+        try:
+            self.scheduler.submit(EngineRequest(rid=rid, input_ids=input_ids, params=params, on_finish=deliver))
+        except EngineConflict as exc:
+            raise HTTPError(503, str(exc)) from None
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.scheduler.cancel(rid)
+            raise
+
+    def _check_ids(self, ids: Any, what: str) -> list[int]:
+        vocab = self.model.vocab_size
+        if not isinstance(ids, list) or not ids:
+            raise HTTPError(400, f"{what} must be a non-empty list of token ids")
+        if isinstance(ids[0], list):
+            raise HTTPError(400, f"{what} holds a batch; send one request per call")
+        for token in ids:
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+                raise HTTPError(400, f"{what} holds {token!r}, not a token id in [0, {vocab})")
+        if len(ids) >= self.model.max_context:
+            raise HTTPError(400, f"the prompt has {len(ids)} tokens; the engine's max_context is "
+                                 f"{self.model.max_context} (start it with a larger --max-context)")
+        return ids
+
+    def _text(self, completion: Completion, params: SamplingParams, no_stop_trim: bool) -> str:
+        ids = completion.output_ids
+        reason = completion.finish_reason
+        matched = reason.get("matched")
+        if reason.get("type") == "stop" and isinstance(matched, int) and not no_stop_trim:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+        if isinstance(matched, str) and not no_stop_trim and matched in text:
+            text = text[: text.index(matched)]
+        return text
+
+    async def generate(self, request: Request) -> Any:
+        body = request.json_object()
+        params, no_stop_trim = parse_sampling_params(body.get("sampling_params"))
+        if body.get("stream"):
+            raise HTTPError(400, "streaming is not supported by the hf engine; send stream=false")
+        if "input_ids" in body and body["input_ids"] is not None:
+            input_ids = self._check_ids(body["input_ids"], "input_ids")
+        elif isinstance(body.get("text"), str):
+            input_ids = self._check_ids(self.tokenizer.encode(body["text"], add_special_tokens=False), "text")
+        else:
+            raise HTTPError(400, "send input_ids (a list of token ids) or text")
+        rid = str(body.get("rid") or uuid.uuid4().hex)
+        completion = await self._complete(rid, input_ids, params)
+        reason = completion.finish_reason
+        if reason.get("status_code"):
+            raise HTTPError(int(reason["status_code"]), reason.get("message", "the request failed"))
+        meta: dict[str, Any] = {
+            "id": rid,
+            "finish_reason": reason,
+            "prompt_tokens": completion.prompt_tokens,
+            "completion_tokens": len(completion.output_ids),
+            "cached_tokens": completion.cached_tokens,
+            "weight_version": completion.weight_version,
+            "weight_versions": [{"version": completion.weight_version, "start": 0,
+                                 "end": len(completion.output_ids)}],
+            "e2e_latency": completion.total_seconds,
+            "queue_time": completion.queue_seconds,
+        }
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(
+                completion.logprobs, completion.output_ids, strict=True)]
+        return {"text": self._text(completion, params, no_stop_trim), "output_ids": completion.output_ids,
+                "meta_info": meta}
+
+    async def health(self, request: Request) -> Response:
+        if self.scheduler.alive:
+            return Response(b"", 200, [])
+        raise HTTPError(503, f"the engine scheduler is not running ({self.scheduler.error or 'stopped'})")
+
+    async def model_info(self, request: Request) -> Any:
+        config = self.model.config
+        return {
+            "model_path": self.scheduler.model_path,
+            "tokenizer_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "is_generation": True,
+            "weight_version": self.scheduler.weight_version,
+            "model_type": config.model_type,
+            "architectures": getattr(config, "architectures", None),
+            "engine": "agentrl-hf",
+            "device": str(self.model.device),
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "max_context": self.model.max_context,
+            "max_running_requests": self.model.max_slots,
+            "eos_token_ids": self.eos_token_ids,
+            "tool_call_parser": self.tool_parser_name,
+            "paused": self.scheduler.paused,
+        }
+
+    async def server_info(self, request: Request) -> Any:
+        stats = self.scheduler.stats
+        wall = max(time.monotonic() - stats.started, 1e-9)
+        return {
+            **self.scheduler.load(),
+            "paused": self.scheduler.paused,
+            "weight_version": self.scheduler.weight_version,
+            "generated_tokens": stats.generated_tokens,
+            "prompt_tokens": stats.prompt_tokens,
+            "cached_tokens": stats.cached_tokens,
+            "requests": stats.requests,
+            "aborted": stats.aborted,
+            "decode_steps": stats.decode_steps,
+            "prefill_forwards": stats.prefill_forwards,
+            "busy_fraction": stats.forward_seconds / wall,
+            "kv_cache_bytes": self.model.cache_bytes(),
+            "uptime_s": time.time() - self.started,
+        }
+
+    async def flush_cache(self, request: Request) -> Response:
+        dropped = await self._command(self.scheduler.flush_cache)
+        return Response(f"Cache flushed ({dropped} cached prefixes dropped).\n".encode(), 200,
+                        [(b"content-type", b"text/plain")])
+
+    async def abort_request(self, request: Request) -> Any:
+        body = request.json_object(required=False)
+        if body.get("abort_all"):
+            self.scheduler.cancel(None)
+        elif body.get("rid"):
+            self.scheduler.cancel(str(body["rid"]))
+        else:
+            raise HTTPError(400, "send {\"rid\": ...} or {\"abort_all\": true}")
+        return {"success": True}
+
+    async def pause_generation(self, request: Request) -> Any:
+        body = request.json_object(required=False)
+        mode = body.get("mode", "abort")
+        if mode != "abort":
+            raise HTTPError(400, f"pause mode {mode!r} is not supported by the hf engine; use 'abort' (in-flight "
+                                 "requests end with finish_reason abort and are regenerated by the client)")
+        aborted = await self._command(self.scheduler.pause)
+        return {"message": "Generation paused successfully.", "status": "ok", "aborted": aborted}
+
+    async def continue_generation(self, request: Request) -> Any:
+        body = request.json_object(required=False)
+        allow = bool(body.get("allow_partial_update", False))
+        try:
+            await self._command(lambda: self.scheduler.resume(allow_partial_update=allow))
+        except EngineConflict as exc:
+            raise HTTPError(409, str(exc)) from None
+        return {"message": "Generation continued successfully.", "status": "ok",
+                "weight_version": self.scheduler.weight_version}
+
+    # ------------------------------------------------------------------------------
+    # Weight updates
+
+    async def init_weights_update_group(self, request: Request) -> Response:
+        from agentrl_core.rollout.weight_group import init_weight_update_group
+
+        body = request.json_object()
+        try:
+            address = str(body["master_address"])
+            port = int(body["master_port"])
+            rank = int(body["rank_offset"])
+            world_size = int(body["world_size"])
+        except (KeyError, TypeError, ValueError) as exc:
+            return _weight_response(False, f"init_weights_update_group needs master_address, master_port, "
+                                           f"rank_offset and world_size ({type(exc).__name__}: {exc})")
+        name = str(body.get("group_name") or "weight_update_group")
+        backend = str(body.get("backend") or ("nccl" if self.model.device.type == "cuda" else "gloo"))
+        if name in self.groups:
+            return _weight_response(False, f"weight-update group {name!r} exists; destroy it first")
+        try:
+            group = await asyncio.to_thread(
+                init_weight_update_group, backend=backend, master_address=address, master_port=port,
+                world_size=world_size, rank=rank, group_name=name)
+        except Exception as exc:
+            log.warning("joining weight-update group %s failed: %s", name, exc)
+            return _weight_response(False, f"Failed to initialize custom process group: {exc}.")
+        self.groups[name] = group
+        return _weight_response(True, f"Succeeded to initialize custom process group {name!r} as rank {rank} of "
+                                      f"{world_size} ({backend}).")
+
+    async def destroy_weights_update_group(self, request: Request) -> Response:
+        body = request.json_object(required=False)
+        name = str(body.get("group_name") or "weight_update_group")
+        group = self.groups.pop(name, None)
+        if group is None:
+            return _weight_response(False, "The group to be destroyed does not exist.")
+        await asyncio.to_thread(_destroy_group, group)
+        return _weight_response(True, "Succeeded to destroy custom process group.")
+
+    async def update_weights_from_distributed(self, request: Request) -> Response:
+        body = request.json_object()
+        names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+        if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
+                and len(names) == len(dtypes) == len(shapes)):
+            return _weight_response(False, "names, dtypes and shapes must be lists of the same length")
+        bad = [d for d in dtypes if str(d).removeprefix("torch.") not in _TORCH_DTYPES]
+        if bad:
+            return _weight_response(False, f"unknown dtypes {sorted(set(map(str, bad)))}")
+        name = str(body.get("group_name") or "weight_update_group")
+        group = self.groups.get(name)
+        if group is None:
+            return _weight_response(False, f"no weight-update group {name!r}; call /init_weights_update_group "
+                                           "first")
+        version = body.get("weight_version")
+        scheduler = self.scheduler
+
+        def receive() -> None:
+            import torch
+            import torch.distributed as dist
+
+            scheduler.require_paused("update_weights_from_distributed")
+            received = []
+            for tensor_name, dtype, shape in zip(names, dtypes, shapes, strict=True):
+                tensor = torch.empty([int(s) for s in shape], dtype=getattr(torch, str(dtype).removeprefix("torch.")),
+                                     device=self.model.device)
+                dist.broadcast(tensor, src=0, group=group)
+                received.append((str(tensor_name), tensor))
+            _check_tensors(self.model, received)  # after receiving: the sender is never left hanging
+            scheduler.apply_weights(received, version, source=f"group {name}")
+
+        try:
+            await self._command(receive)
+        except EngineConflict as exc:
+            return _weight_response(False, str(exc), 409)
+        except (ValueError, RuntimeError) as exc:
+            return _weight_response(False, f"Failed to update weights: {exc}")
+        return _weight_response(True, f"Succeeded to update {len(names)} tensors; weight version "
+                                      f"{scheduler.weight_version}.")
+
+    async def update_weights_from_disk(self, request: Request) -> Response:
+        body = request.json_object()
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            return _weight_response(False, "update_weights_from_disk needs model_path")
+        version = body.get("weight_version")
+        try:
+            tensors = await asyncio.to_thread(read_checkpoint, path)
+            _check_tensors(self.model, tensors, complete=True)
+        except (OSError, ValueError) as exc:
+            return _weight_response(False, f"Failed to update weights: {exc}")
+        scheduler = self.scheduler
+
+        def apply() -> int:
+            was_paused = scheduler.paused
+            aborted = 0 if was_paused else scheduler.pause()
+            scheduler.apply_weights(tensors, version, source=path)
+            scheduler.model_path = path
+            if not was_paused:
+                scheduler.resume()
+            return aborted
+
+        aborted = await self._command(apply)
+        return _weight_response(True, f"Succeeded to update model weights from {path}; weight version "
+                                      f"{scheduler.weight_version}.", num_paused_requests=aborted)
+
+    # ------------------------------------------------------------------------------
+    # OpenAI
+
+    async def list_models(self, request: Request) -> Any:
+        return {"object": "list", "data": [{"id": self.served_model_name, "object": "model", "created": int(self.started),
+                                            "owned_by": "agentrl", "root": self.model_path}]}
+
+    async def chat_completions(self, request: Request) -> Any:
+        body = request.json_object()
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise HTTPError(400, "messages must be a non-empty list of message objects")
+        tools = body.get("tools") or None
+        if tools is not None and not isinstance(tools, list):
+            raise HTTPError(400, "tools must be a list of OpenAI function tools")
+        tool_choice = body.get("tool_choice", "auto")
+        if tool_choice not in ("auto", "none", None):
+            raise HTTPError(400, f"tool_choice {tool_choice!r} is not supported by the hf engine; use 'auto' or 'none'")
+        if body.get("stream"):
+            raise HTTPError(400, "streaming is not supported by the hf engine; send stream=false")
+        if body.get("n", 1) != 1:
+            raise HTTPError(400, "n must be 1")
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        raw = {"temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
+               "stop": body.get("stop"), "seed": body.get("seed"),
+               "max_new_tokens": max_tokens if max_tokens is not None else self.model.max_context}
+        for key in ("top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+            if body.get(key) is not None:
+                raw[key] = body[key]
+        params, _ = parse_sampling_params({k: v for k, v in raw.items() if v is not None})
+        extra = body.get("chat_template_kwargs") or {}
+        try:
+            prompt = await asyncio.to_thread(
+                self.tokenizer.apply_chat_template, messages, tools=tools, add_generation_prompt=True,
+                tokenize=False, **extra)
+        except Exception as exc:
+            raise HTTPError(400, f"the chat template could not render these messages: {type(exc).__name__}: {exc}") from None
+        input_ids = self._check_ids(self.tokenizer.encode(prompt, add_special_tokens=False), "the rendered prompt")
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        completion = await self._complete(rid, input_ids, params)
+        reason = completion.finish_reason
+        if reason["type"] == "abort":
+            raise HTTPError(int(reason.get("status_code") or 503), reason.get("message", "aborted"))
+        text = self._text(completion, params, no_stop_trim=False)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish = "length" if reason["type"] == "length" else "stop"
+        if tools and tool_choice != "none":
+            calls, normal, _ = self.tool_parser.parse(text, tools)
+            if calls:
+                message = {"role": "assistant", "content": normal or None, "tool_calls": calls}
+                finish = "tool_calls"
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        if body.get("logprobs"):
+            pieces = [self.tokenizer.decode([t], skip_special_tokens=False) for t in completion.output_ids]
+            choice["logprobs"] = {"content": [
+                {"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
+                for piece, lp in zip(pieces, completion.logprobs, strict=True)]}
+        usage = {"prompt_tokens": completion.prompt_tokens, "completion_tokens": len(completion.output_ids),
+                 "total_tokens": completion.prompt_tokens + len(completion.output_ids)}
+        return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": self.served_model_name,
+                "choices": [choice], "usage": usage, "metadata": {"weight_version": completion.weight_version}}
+
+
+# ---------------------------------------------------------------------------------------
+# Checkpoints and checks
+
+
+def read_checkpoint(path: str | os.PathLike) -> list[tuple[str, Any]]:
+    """All tensors of a safetensors checkpoint (a file, or a directory of ``*.safetensors``)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise OSError(f"no safetensors weights at {path} (expected a model directory or a .safetensors file)")
+    tensors: list[tuple[str, Any]] = []
+    for file in files:
+        tensors.extend(load_file(str(file)).items())
+    return tensors
+
+
+def _check_tensors(model: Any, named: list[tuple[str, Any]], *, complete: bool = False) -> None:
+    table = model.parameter_table()
+    unknown = [n for n, _ in named if n not in table]
+    if unknown:
+        raise ValueError(f"{len(unknown)} tensor names are not parameters of the model, e.g. {unknown[0]!r}")
+    wrong = [(n, tuple(t.shape), tuple(table[n].shape)) for n, t in named if tuple(t.shape) != tuple(table[n].shape)]
+    if wrong:
+        n, got, want = wrong[0]
+        raise ValueError(f"{n} has shape {got}, the model's is {want}")
+    if complete:
+        from agentrl_core.rollout.engine_scheduler import _canonical
+
+        missing = model.required_names() - {_canonical(model, n) for n, _ in named}
+        if missing:
+            raise ValueError(f"the checkpoint lacks {len(missing)} parameters, e.g. {sorted(missing)[0]!r}")
+
+
+def _destroy_group(group: Any) -> None:
+    try:
+        from agentrl_core.rollout.weight_group import destroy_weight_update_group
+
+        destroy_weight_update_group(group)
+    except Exception as exc:  # best effort at shutdown
+        log.warning("destroying a weight-update group failed: %s", exc)
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+# ---------------------------------------------------------------------------------------
+# Running an engine in a background thread (tests, benchmarks, notebooks)
+
+
+class BackgroundEngine:
+    """Serve an :class:`EngineServer` from a thread with its own event loop; ``url`` once listening."""
+
+    def __init__(self, server: EngineServer, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.server = server
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self.url = ""
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, args=(host, port), name="engine-http", daemon=True)
+
+    def start(self, timeout: float = 60.0) -> BackgroundEngine:
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"the engine did not start listening within {timeout} s")
+        if self._error is not None:
+            raise RuntimeError(f"the engine failed to start: {self._error}") from self._error
+        return self
+
+    def _main(self, host: str, port: int) -> None:
+        async def run() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+
+            def listening(url: str) -> None:
+                self.url = url
+                self._ready.set()
+
+            await self.server.serve(host, port, stop=self._stop, on_listening=listening)
+
+        try:
+            asyncio.run(run())
+        except BaseException as exc:
+            self._error = exc
+            log.exception("background engine failed")
+        finally:
+            self._ready.set()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+
+    def __enter__(self) -> BackgroundEngine:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def serve_main(args: Any) -> int:
+    """Entry of ``agentrl engine serve`` (arguments parsed by ``agentrl_core.cli.engine``)."""
+    import torch
+
+    from agentrl_core.env._http import run_event_loop
+
+    if args.cpus:
+        cores = sorted({int(c) for c in str(args.cpus).split(",") if c.strip()})
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(args.threads or len(cores))
+    elif args.threads:
+        torch.set_num_threads(args.threads)
+    version: Any = args.weight_version
+    if isinstance(version, str) and version.lstrip("-").isdigit():
+        version = int(version)
+    server = EngineServer(
+        args.model, device=args.device, dtype=args.dtype, max_running_requests=args.max_running_requests,
+        max_context=args.max_context, max_prefill_tokens=args.max_prefill_tokens, tool_parser=args.tool_call_parser,
+        weight_version=version, seed=args.seed, served_model_name=args.served_model_name,
+        prefix_cache=not args.no_prefix_cache,
+    )
+
+    def listening(url: str) -> None:
+        print(f"agentrl engine listening on {url}", flush=True)
+        if args.port_file:
+            tmp = Path(f"{args.port_file}.tmp")
+            tmp.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+            tmp.replace(args.port_file)
+
+    run_event_loop(lambda: server.serve(args.host, args.port, on_listening=listening))
+    return 0
