@@ -49,12 +49,12 @@ def _percentile(values: list[float], q: float) -> float:
 def worker(quick: bool) -> dict:
     """The measured process: one environment, as a task worker holds it."""
     import anyio
-
-    from agentrl_core.env import play_episode
     from agentrl_env_webshop.config import WebShopConfig
     from agentrl_env_webshop.env import WebShopEnvironment
     from agentrl_env_webshop.keywords import instruction_keywords
     from agentrl_env_webshop.search import SearchIndex, product_document
+
+    from agentrl_core.env import play_episode
 
     result: dict = {"memory_at_start": _memory_mb()}
     cache = tempfile.mkdtemp(prefix="webshop-bench-")

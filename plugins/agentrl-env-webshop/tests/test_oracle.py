@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import anyio
+import pytest
 
 from agentrl_core.env import play_episode, read_demonstrations
 
@@ -53,3 +54,31 @@ def test_cli_writes_demonstrations(tmp_path):
     assert len(records) == 4 and all(r["reward"] == 1.0 for r in records)
     assert [t["function"]["name"] for t in records[0]["tools"]] == ["search_action", "click_action"]
     assert records[0]["messages"][2]["tool_calls"][0]["function"]["name"] == "search_action"
+
+
+@pytest.mark.slow
+def test_oracle_solves_every_bundled_goal(bundled_env):
+    """The full sweep (about a minute); benchmarks/env_webshop.py records it."""
+    pairs = [(split, i) for split, indices in bundled_env.index_sets().items() for i in indices]
+    episodes = _play(bundled_env, pairs)
+    solved = sum(e.reward == 1.0 for e in episodes)
+    assert solved / len(episodes) >= 0.99
+
+
+def test_worker_memory_stays_far_under_one_gigabyte(tmp_path):
+    """A fresh process with the bundled catalog, its index, spaCy and 40 episodes: peak RSS < 1 GB."""
+    script = (
+        "import anyio\n"
+        "from agentrl_core.env import play_episode\n"
+        "from agentrl_env_webshop.config import WebShopConfig\n"
+        "from agentrl_env_webshop.env import WebShopEnvironment\n"
+        f"env = WebShopEnvironment(WebShopConfig(index_cache_dir={str(tmp_path)!r}))\n"
+        "async def main():\n"
+        "    for i in range(40):\n"
+        "        await play_episode(env, 'bundled-test', i, env.oracle('bundled-test', i))\n"
+        "anyio.run(main)\n"
+        "print([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    peak_mb = int(out.stdout.strip().splitlines()[-1]) / 1024
+    assert 50 < peak_mb < 1024
