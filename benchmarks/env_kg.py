@@ -70,8 +70,9 @@ print(json.dumps({"seconds": time.perf_counter() - t, "statements": info["statem
 
 
 async def replay_all(env, questions, *, check_forms: bool) -> dict:
-    from agentrl_core.env import assistant_tool_call
     from agentrl_env_kg import lisp
+
+    from agentrl_core.env import assistant_tool_call
 
     backend, _ = await env.backend()
     samples: dict[str, list[float]] = {}

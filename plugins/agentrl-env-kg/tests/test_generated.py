@@ -107,3 +107,22 @@ def test_generator_makes_superlatives_where_the_graph_has_attributes(mini_store)
     assert [q.to_json() for q in again] == [q.to_json() for q in made]
     splits = split(made, sizes={"fb-test": 2, "fb-dev": 1})
     assert [len(splits[s]) for s in ("fb-test", "fb-dev")] == [2, 1]
+
+
+def test_concurrent_episodes_share_one_store():
+    async def main():
+        env = KGEnvironment()
+        rewards = []
+
+        async def one(index):
+            episode = await play_episode(env, "fb-test", index, env.oracle("fb-test", index))
+            rewards.append(episode.reward)
+
+        async with anyio.create_task_group() as tg:
+            for index in range(64):
+                tg.start_soon(one, index)
+        assert env.resource_count() == 0
+        await env.aclose()
+        return rewards
+
+    assert anyio.run(main) == [1.0] * 64

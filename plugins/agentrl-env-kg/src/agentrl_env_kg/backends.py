@@ -88,6 +88,9 @@ class EmbeddedBackend(Backend):
         except OSError as exc:
             raise BackendError(f"the embedded knowledge-graph store failed: {exc}") from exc
 
+    async def aclose(self) -> None:
+        self.store = None  # the last reference closes the database
+
 
 def _term(term) -> str:
     if term is None:
