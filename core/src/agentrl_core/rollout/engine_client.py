@@ -210,7 +210,10 @@ class EngineClient:
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None, *,
                        return_logprob: bool = True, rid: str | None = None, pool: str = "") -> GenerateResult:
-        payload = {"input_ids": [int(t) for t in input_ids], "sampling_params": dict(sampling_params or {}),
+        params = dict(sampling_params or {})
+        if "seed" in params:  # SGLang's name; a plain "seed" would be ignored there
+            params["sampling_seed"] = params.pop("seed")
+        payload = {"input_ids": [int(t) for t in input_ids], "sampling_params": params,
                    "return_logprob": return_logprob, "rid": rid or uuid.uuid4().hex}
         start = time.monotonic()
         data = await self._json("POST", "/generate", payload)

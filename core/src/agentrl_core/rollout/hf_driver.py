@@ -132,10 +132,11 @@ def wait_healthy(url: str, deadline: float, alive: Any) -> None:
 class HFDriver:
     """Launches and stops agentrl's own engine servers (``agentrl engine serve``)."""
 
-    def __init__(self, config: EngineConfig | None = None, *, python: str = sys.executable,
-                 startup_timeout: float = 300.0, max_context: int | None = None, log_dir: str | None = None,
-                 extra_args: Sequence[str] = ()) -> None:
-        self.config = config or EngineConfig()
+    def __init__(self, config: EngineConfig | None = None, *, engine: EngineConfig | None = None,
+                 python: str = sys.executable, startup_timeout: float = 300.0, max_context: int | None = None,
+                 log_dir: str | None = None, extra_args: Sequence[str] = ()) -> None:
+        # registry.build("rollout_engine", "hf", None, engine=config.engine): the spec has no schema
+        self.config = config or engine or EngineConfig()
         self.python = python
         self.startup_timeout = startup_timeout
         self.max_context = max_context
@@ -198,6 +199,17 @@ class HFDriver:
         self.urls[pool] = urls
         log.info("pool %s: %d hf engine(s) at %s", pool, len(urls), ", ".join(urls))
         return urls
+
+    async def init_weight_update_group(self, pool: str, *, master_address: str, master_port: int,
+                                       group_name: str = "weight_update_group", backend: str = "gloo",
+                                       rank_base: int = 1, world_size: int | None = None) -> dict[str, Any]:
+        """Join every engine of ``pool`` to the learner's group (run concurrently with the learner's own join)."""
+        from agentrl_core.rollout.engine_client import EnginePool
+
+        async with EnginePool(pool, self.urls[pool]) as engines:
+            return await engines.init_weights_update_group(
+                master_address=master_address, master_port=master_port, group_name=group_name, backend=backend,
+                rank_base=rank_base, world_size=world_size)
 
     def shutdown(self) -> None:
         self.procs.terminate()
