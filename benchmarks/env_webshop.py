@@ -10,7 +10,10 @@ BM25 index, spaCy model, sessions) with the bundled catalog:
 3. the oracle on every bundled goal (``--quick``: 300), 32 sessions at a time through the
    session API: success rate (reward 1), mean reward, episodes per second, failures;
 4. peak and final resident memory of that process (target: at most 1 GB; upstream WebShop
-   needs about 16 GB for its full catalog).
+   needs about 16 GB for its full catalog);
+5. (not with ``--quick``) search at a larger scale, in another fresh process: the bundled
+   documents replicated to ``--scale`` (default 100,000) documents, with index build time,
+   search latency and memory, to extrapolate towards the real catalog.
 
 The machine is shared: the load average before and after is recorded.
 """
@@ -124,23 +127,54 @@ def worker(quick: bool) -> dict:
     return result
 
 
+def scale(n_docs: int) -> dict:
+    """Index build and search latency over ``n_docs`` documents (the bundled ones, replicated)."""
+    from agentrl_env_webshop.config import WebShopConfig
+    from agentrl_env_webshop.keywords import instruction_keywords
+    from agentrl_env_webshop.search import SearchIndex, product_document
+    from agentrl_env_webshop.shop import Shop
+
+    shop = Shop.load(WebShopConfig(index_cache_dir=""))
+    base = [product_document(p) for p in shop.products]
+    ids = [f"{p['asin']}-{k}" for k in range(n_docs // len(base) + 1) for p in shop.products][:n_docs]
+    docs = [base[i % len(base)] for i in range(n_docs)]
+    index = SearchIndex.build(ids, docs)
+    latencies = []
+    for goal in shop.goals[:1000]:
+        t = time.perf_counter()
+        index.search(instruction_keywords(goal["instruction_text"]))
+        latencies.append((time.perf_counter() - t) * 1000)
+    return {"documents": n_docs, "build_seconds": round(index.build_seconds, 2),
+            "search_p50_ms": round(_percentile(latencies, 0.5), 3), "search_p99_ms": round(_percentile(latencies, 0.99), 3),
+            **_memory_mb()}
+
+
+def _child(*args: str) -> dict:
+    child = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=False)
+    if child.returncode != 0:
+        raise RuntimeError(f"benchmark child {args} failed:\n{child.stderr}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="300 goals instead of all")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "env_webshop.json"))
+    parser.add_argument("--scale", type=int, default=100_000, help="documents for the scale measurement (0: skip)")
     parser.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--_scale", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._worker:
         print(json.dumps(worker(args.quick)))
         return 0
+    if args._scale:
+        print(json.dumps(scale(args._scale)))
+        return 0
     load_before = os.getloadavg()
     t = time.perf_counter()
-    child = subprocess.run([sys.executable, __file__, "--_worker", *(["--quick"] if args.quick else [])],
-                           capture_output=True, text=True, check=False)
-    if child.returncode != 0:
-        print(child.stderr, file=sys.stderr)
-        return child.returncode
-    measured = json.loads(child.stdout.strip().splitlines()[-1])
+    measured = _child("--_worker", *(["--quick"] if args.quick else []))
+    if not args.quick and args.scale:
+        measured["scale"] = _child("--_scale", str(args.scale))
     report = {
         "benchmark": "env_webshop",
         "quick": args.quick,
@@ -161,6 +195,10 @@ def main() -> int:
     print(f"search p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms over {s['queries']} queries")
     print(f"oracle: {o['success_rate']:.2%} reward 1 over {o['episodes']} episodes ({o['episodes_per_second']}/s)")
     print(f"memory: peak {m['peak_rss_mb']} MB, final {m['rss_mb']} MB (target {m['target_mb']} MB)")
+    if "scale" in report:
+        sc = report["scale"]
+        print(f"scale: {sc['documents']} documents, index built in {sc['build_seconds']}s, search p50 "
+              f"{sc['search_p50_ms']} ms / p99 {sc['search_p99_ms']} ms, peak {sc['peak_rss_mb']} MB")
     print(f"wrote {out}")
     return 0
 
