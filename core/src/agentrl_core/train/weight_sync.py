@@ -1,0 +1,434 @@
+"""Getting the learner's weights into the rollout engines (DESIGN.md sections 5 and 6).
+
+Two transports, both speaking the engine HTTP protocol of ``core/docs/engine.md`` (the
+SGLang native API subset), so they work with our HF engines and with SGLang servers:
+
+* :class:`CollectiveTransport` (``collective``): the learner's rank 0 and every engine of a
+  pool form one ``torch.distributed`` group (``/init_weights_update_group``, learner rank 0,
+  engines ``rank_offset`` 1..N). A sync is ``/pause_generation {mode: abort}``, then for
+  every bucket ``/update_weights_from_distributed {names, dtypes, shapes, ...}`` on all
+  engines *while* rank 0 broadcasts the bucket's tensors in order, then
+  ``/continue_generation``. The backend is a parameter: gloo on CPU, NCCL on GPU; the same
+  code path runs under gloo here.
+* :class:`DiskTransport` (``disk``): rank 0 writes a Hugging Face model directory
+  (safetensors) to a shared path, atomically, and every engine loads it with
+  ``/update_weights_from_disk {model_path, weight_version}``.
+
+The engines of a pool see all new tensors or none: our engine refuses to continue after a
+partial update, so a failed sync leaves the pool paused on a clear error (retry the sync).
+:func:`iter_buckets` never skips the tensor that crosses a bucket boundary (the upstream
+sender did) and gives a tensor larger than a bucket a bucket of its own.
+
+Every learner rank takes part in gathering the full tensors (FSDP shards them), so every
+rank iterates the same ``named_tensors``; only rank 0 sends. :func:`push_weights` does
+that for the pools due at a step (:func:`pools_due`: every pool at start and on resume,
+then each pool every ``sync_every`` steps).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import shutil
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl_core.errors import AgentrlError
+from agentrl_core.types import PoolSpec
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "WeightSyncError",
+    "CollectiveTransport",
+    "DiskTransport",
+    "iter_buckets",
+    "pools_due",
+    "push_weights",
+    "drain",
+    "write_hf_checkpoint",
+]
+
+NamedTensors = Iterable[tuple[str, torch.Tensor]]
+
+
+class WeightSyncError(AgentrlError):
+    """A weight sync failed; the engines of that pool stay paused until a sync succeeds."""
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers the pipeline calls
+
+
+def iter_buckets(named_tensors: NamedTensors, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group tensors in order into buckets of at most ``bucket_bytes`` (bigger ones alone)."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket size must be >= 1 byte, got {bucket_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))  # the tensor that crossed the boundary opens the next bucket
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def pools_due(pools: Sequence[PoolSpec], step: int, *, initial: bool = False) -> list[PoolSpec]:
+    """Pools to sync after learner step ``step``: all when ``initial`` (start, resume), else
+    those with ``step % sync_every == 0`` (the current pool every step, the stale pool every
+    ``stale_step``)."""
+    return [p for p in pools if initial or step % p.sync_every == 0]
+
+
+def drain(named_tensors: NamedTensors) -> None:
+    """Iterate without sending: what ranks other than 0 do during a sync."""
+    for _ in named_tensors:
+        pass
+
+
+def push_weights(
+    named_tensors: Callable[[], NamedTensors],
+    transports: Mapping[str, Any],
+    pools: Sequence[PoolSpec | str],
+    version: int,
+    *,
+    rank: int = 0,
+) -> dict[str, float]:
+    """Sync ``pools`` one after the other; call on every learner rank.
+
+    ``named_tensors`` makes a fresh iterator of full tensors (e.g.
+    ``learner.named_full_tensors``); ``transports`` maps pool names to connected
+    transports (used on rank 0 only). Returns ``weight_sync/<pool>/seconds`` etc.
+    """
+    metrics: dict[str, float] = {}
+    for pool in pools:
+        name = pool.name if isinstance(pool, PoolSpec) else pool
+        start = time.perf_counter()
+        if rank == 0:
+            stats = transports[name].send(named_tensors(), version)
+            metrics.update({f"weight_sync/{name}/{k}": float(v) for k, v in stats.items()})
+        else:
+            drain(named_tensors())
+        metrics[f"weight_sync/{name}/seconds"] = time.perf_counter() - start
+    return metrics
+
+
+def _settings(config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Merge a WeightSyncConfig (positional or ``weight_sync=``) with explicit overrides."""
+    section = kwargs.pop("weight_sync", None) or config
+    out = {}
+    if section is not None:
+        out = {k: getattr(section, k) for k in ("backend", "bucket_mb", "disk_path") if hasattr(section, k)}
+    out.update({k: v for k, v in kwargs.items() if v is not None})
+    return out
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class _Engines:
+    """The engines of one pool, called concurrently from synchronous code.
+
+    The async :class:`~agentrl_core.rollout.engine_client.EngineClient` runs in a private
+    event-loop thread (an anyio blocking portal), so HTTP requests stay in flight while the
+    calling thread broadcasts tensors.
+    """
+
+    def __init__(self, urls: Sequence[str], timeout_s: float) -> None:
+        import anyio.from_thread
+
+        from agentrl_core.rollout.engine_client import EngineClient, make_http_client
+
+        if not urls:
+            raise ValueError("a weight-sync transport needs at least one engine URL")
+        self.urls = list(urls)
+        self._stack = ExitStack()
+        self.portal = self._stack.enter_context(anyio.from_thread.start_blocking_portal())
+
+        async def make() -> list[Any]:
+            self._http = make_http_client(timeout=timeout_s)
+            return [EngineClient(u, http=self._http) for u in self.urls]
+
+        self.clients = self.portal.call(make)
+
+    async def _all(self, method: str, kwargs_per_engine: Sequence[dict[str, Any]]) -> list[Any]:
+        import anyio
+
+        results: list[Any] = [None] * len(self.clients)
+        errors: list[str] = []
+
+        async def one(i: int) -> None:
+            try:
+                results[i] = await getattr(self.clients[i], method)(**kwargs_per_engine[i])
+            except Exception as exc:
+                errors.append(f"{self.urls[i]}: {exc}")
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(self.clients)):
+                tg.start_soon(one, i)
+        if errors:
+            raise WeightSyncError(f"{method} failed on {len(errors)} of {len(self.clients)} engines: {'; '.join(errors)}")
+        return results
+
+    def start(self, method: str, per_engine: Sequence[dict[str, Any]] | None = None, **kwargs: Any) -> concurrent.futures.Future:
+        """Call ``method`` on every engine concurrently; a future of the list of answers."""
+        per_engine = per_engine or [kwargs] * len(self.clients)
+        return self.portal.start_task_soon(self._all, method, per_engine)
+
+    def call(self, method: str, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        return self.start(method, **kwargs).result(timeout)
+
+    def close(self) -> None:
+        try:
+            self.portal.call(self._http.aclose)
+        finally:
+            self._stack.close()
+
+
+# ---------------------------------------------------------------------------------------
+# collective
+
+
+class CollectiveTransport:
+    """``collective``: bucketed ``torch.distributed`` broadcast from learner rank 0 to a pool.
+
+    Args (keywords, after the positional config which may be ``None`` or a
+    :class:`~agentrl_core.config.WeightSyncConfig`; ``weight_sync=`` works too):
+        backend: ``gloo``, ``nccl`` or ``auto`` (NCCL when CUDA is available).
+        bucket_mb: bucket size in MiB.
+        dtype: cast tensors to this dtype before sending (default: as they are).
+        ranks_per_engine: process-group ranks one engine takes (SGLang's tp size; 1 for hf).
+        timeout_s: limit of the group's collectives and of each HTTP call.
+    """
+
+    name = "collective"
+
+    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+        s = _settings(config, kwargs)
+        backend = s.get("backend", "auto")
+        self.backend = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
+        self.bucket_bytes = int(float(s.get("bucket_mb", 512.0)) * 2**20)
+        self.dtype: torch.dtype | None = s.get("dtype")
+        self.ranks_per_engine = int(s.get("ranks_per_engine", 1))
+        self.timeout_s = float(s.get("timeout_s", 600.0))
+        self.group_name = s.get("group_name") or f"agentrl_weights_{uuid.uuid4().hex[:8]}"
+        self.group: Any = None
+        self.engines: _Engines | None = None
+
+    def connect(self, learner_rank0: str | None, engines: Sequence[str]) -> None:
+        """Form the group: ``learner_rank0`` is the address engines reach this process at."""
+        from agentrl_core.rollout.weight_group import init_weight_update_group
+
+        if self.group is not None:
+            raise WeightSyncError("this transport is already connected; close() it first")
+        address = learner_rank0 or "127.0.0.1"
+        port = _free_port(address)
+        self.engines = _Engines(engines, self.timeout_s)
+        world_size = 1 + len(engines) * self.ranks_per_engine
+        joins = self.engines.start(
+            "init_weights_update_group",
+            per_engine=[
+                dict(master_address=address, master_port=port, rank_offset=1 + i * self.ranks_per_engine,
+                     world_size=world_size, group_name=self.group_name, backend=self.backend)
+                for i in range(len(engines))
+            ],
+        )
+        result: dict[str, Any] = {}
+
+        def host() -> None:
+            try:
+                result["group"] = init_weight_update_group(
+                    backend=self.backend, master_address=address, master_port=port, world_size=world_size,
+                    rank=0, group_name=self.group_name, timeout=timedelta(seconds=self.timeout_s))
+            except BaseException as exc:  # reported below
+                result["error"] = exc
+
+        hosting = threading.Thread(target=host, name="weight-group-host", daemon=True)
+        hosting.start()
+        try:
+            joins.result(self.timeout_s)
+        except WeightSyncError as exc:
+            raise WeightSyncError(f"engines could not join the weight-update group {self.group_name!r}: {exc}") from None
+        hosting.join(self.timeout_s)
+        if "error" in result or "group" not in result:
+            raise WeightSyncError(f"hosting the weight-update group failed: {result.get('error', 'timed out')}")
+        self.group = result["group"]
+        log.info("weight-update group %s: learner + %d engines over %s at %s:%d",
+                 self.group_name, len(engines), self.backend, address, port)
+
+    def send(self, named_tensors: NamedTensors, version: int) -> dict[str, float]:
+        """Pause the pool, broadcast every bucket, continue with ``version``.
+
+        The iterator is always consumed to the end, also on failure, because the other
+        learner ranks are gathering the same tensors.
+        """
+        if self.group is None or self.engines is None:
+            raise WeightSyncError("connect() the collective transport before send()")
+        tensors = iter(named_tensors)
+        try:
+            return self._send(tensors, version)
+        finally:
+            drain(tensors)
+
+    def _send(self, tensors: Iterator[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+        import torch.distributed as dist
+
+        assert self.engines is not None
+        start = time.perf_counter()
+        self.engines.call("pause_generation", self.timeout_s, mode="abort")
+        n_tensors = n_buckets = n_bytes = 0
+        for bucket in iter_buckets(self._prepared(tensors), self.bucket_bytes):
+            receiving = self.engines.start(
+                "update_weights_from_distributed",
+                names=[n for n, _ in bucket], dtypes=[_dtype_name(t.dtype) for _, t in bucket],
+                shapes=[list(t.shape) for _, t in bucket], group_name=self.group_name,
+                weight_version=version, flush_cache=True,
+            )
+            for name, tensor in bucket:
+                if receiving.done() and receiving.exception() is not None:
+                    break  # an engine refused the bucket: do not wait on a broadcast it will never join
+                dist.broadcast(tensor, src=0, group=self.group)
+                n_bytes += tensor.numel() * tensor.element_size()
+            try:
+                receiving.result(self.timeout_s)
+            except WeightSyncError as exc:
+                raise WeightSyncError(f"weight version {version}, bucket {n_buckets}: {exc}") from None
+            n_tensors += len(bucket)
+            n_buckets += 1
+        self.engines.call("continue_generation", self.timeout_s)
+        seconds = time.perf_counter() - start
+        log.info("synced %d tensors (%.1f MiB) in %d buckets to %d engines in %.2f s (version %d)",
+                 n_tensors, n_bytes / 2**20, n_buckets, len(self.engines.urls), seconds, version)
+        return {"tensors": n_tensors, "buckets": n_buckets, "bytes": n_bytes, "seconds": seconds}
+
+    def _prepared(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        want_cuda = self.backend == "nccl"
+        for name, tensor in tensors:
+            if self.dtype is not None:
+                tensor = tensor.to(self.dtype)
+            if want_cuda and not tensor.is_cuda:
+                tensor = tensor.cuda()
+            elif not want_cuda and tensor.device.type != "cpu":
+                tensor = tensor.cpu()
+            yield name, tensor.contiguous()
+
+    def close(self) -> None:
+        """Leave the group on both sides and close the HTTP clients."""
+        if self.engines is not None and self.group is not None:
+            try:
+                self.engines.call("destroy_weights_update_group", 30.0, group_name=self.group_name)
+            except WeightSyncError as exc:
+                log.warning("engines could not destroy the weight-update group: %s", exc)
+        if self.group is not None:
+            from agentrl_core.rollout.weight_group import destroy_weight_update_group
+
+            destroy_weight_update_group(self.group)
+            self.group = None
+        if self.engines is not None:
+            self.engines.close()
+            self.engines = None
+
+
+# ---------------------------------------------------------------------------------------
+# disk
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def write_hf_checkpoint(
+    named_tensors: NamedTensors, out_dir: str | os.PathLike, model_dir: str | os.PathLike | None = None
+) -> Path:
+    """Write a Hugging Face model directory atomically (``out_dir.tmp`` then rename).
+
+    Weights go to ``model.safetensors``; every other file of ``model_dir`` (config,
+    tokenizer, chat template, generation config) is copied, so the result loads with
+    ``from_pretrained`` and serves as an engine's ``--model``.
+    """
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if model_dir is not None:
+        for item in Path(model_dir).iterdir():
+            if item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES) and not item.name.endswith(".index.json"):
+                shutil.copy2(item, tmp / item.name)
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in named_tensors}
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    with open(tmp / "model.safetensors", "rb") as f:
+        os.fsync(f.fileno())
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+class DiskTransport:
+    """``disk``: write safetensors to a shared path, then ``/update_weights_from_disk``.
+
+    Args (keywords): ``disk_path`` (a directory every engine can read; required),
+    ``model_dir`` (the model the run started from: config and tokenizer files are copied
+    from it), ``keep`` (versions kept on disk, default 2), ``timeout_s``.
+    """
+
+    name = "disk"
+
+    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+        s = _settings(config, kwargs)
+        if not s.get("disk_path"):
+            raise WeightSyncError("the disk weight-sync transport needs weight_sync.disk_path (a directory the engines can read)")
+        self.root = Path(s["disk_path"])
+        self.model_dir = s.get("model_dir")
+        self.keep = max(int(s.get("keep", 2)), 1)
+        self.timeout_s = float(s.get("timeout_s", 600.0))
+        self.engines: _Engines | None = None
+        self._written: list[Path] = []
+
+    def connect(self, learner_rank0: str | None, engines: Sequence[str]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.engines = _Engines(engines, self.timeout_s)
+
+    def send(self, named_tensors: NamedTensors, version: int) -> dict[str, float]:
+        if self.engines is None:
+            raise WeightSyncError("connect() the disk transport before send()")
+        start = time.perf_counter()
+        tensors = iter(named_tensors)
+        try:
+            path = write_hf_checkpoint(tensors, self.root / f"weights_v{version}", self.model_dir)
+        finally:
+            drain(tensors)
+        written = time.perf_counter()
+        self.engines.call("update_weights_from_disk", self.timeout_s, model_path=str(path), weight_version=version)
+        if path not in self._written:
+            self._written.append(path)
+        while len(self._written) > self.keep:
+            shutil.rmtree(self._written.pop(0), ignore_errors=True)
+        nbytes = (path / "model.safetensors").stat().st_size
+        return {"bytes": nbytes, "write_seconds": written - start, "seconds": time.perf_counter() - start}
+
+    def close(self) -> None:
+        if self.engines is not None:
+            self.engines.close()
+            self.engines = None
