@@ -30,7 +30,6 @@ from agentrl_core.env import (
     run_blocking,
     tool_result,
 )
-from agentrl_core.env.tools import tool_calls_of
 from agentrl_core.errors import EnvError
 from agentrl_core.types import Index, Message
 from agentrl_env_kg import prompts
@@ -43,6 +42,11 @@ from agentrl_env_kg.questions import Question, load_agentbench, load_generated
 log = logging.getLogger(__name__)
 
 AGENTBENCH_SETS = ("std", "dev", "train")
+
+
+def tool_calls_of(message: Message) -> list:
+    calls = message.get("tool_calls") if isinstance(message, Mapping) else None
+    return list(calls) if isinstance(calls, list) else []
 
 
 class KGSession(ToolSession):
