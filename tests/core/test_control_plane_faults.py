@@ -113,13 +113,20 @@ def plane(plugin_env):
     """A controller (64 KiB body limit) and one worker of concurrency 2 for the bad-input tests."""
     controller = start_controller("--max-body-bytes", "65536")
     worker = start_worker(controller, plugin_env, "--concurrency", "2")
-    deadline = time.monotonic() + 30
-    while not httpx.get(f"{controller.url}/list_workers").json().get(TASK):
-        assert time.monotonic() < deadline, "the worker did not register"
-        time.sleep(0.05)
+    wait_alive(controller.url)
     yield controller
     worker.stop()
     controller.stop()
+
+
+def wait_alive(url: str, workers: int = 1, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = httpx.get(f"{url}/list_workers").json().get(TASK, {}).get("workers", {}).values()
+        if sum(w["state"] == "alive" for w in found) >= workers:
+            return
+        assert time.monotonic() < deadline, f"{workers} worker(s) did not register within {timeout} s"
+        time.sleep(0.05)
 
 
 async def assert_healthy(url: str) -> None:
@@ -146,7 +153,7 @@ async def test_worker_killed_mid_session(plugin_env):
     try:
         worker = start_worker(controller, plugin_env, "--concurrency", "4")
         async with ControllerClient(controller.url, interact_timeout=30) as client:
-            await eventually(lambda: workers_of(client), 30, "the worker to register")
+            await eventually(lambda: _alive(client), 30, "the worker to register")
             idle = await client.start(TASK, 0)
             busy = await client.start(TASK, 1)
             results = []
@@ -185,7 +192,7 @@ async def test_controller_restart_workers_reregister(plugin_env):
     worker = start_worker(controller, plugin_env)
     try:
         async with ControllerClient(controller.url) as client:
-            await eventually(lambda: workers_of(client), 30, "the worker to register")
+            await eventually(lambda: _alive(client), 30, "the worker to register")
             survivor = await client.start(TASK, 3)
         controller.kill()
         controller = start_controller(port=port)

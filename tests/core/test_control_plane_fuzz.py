@@ -7,8 +7,6 @@ never a 5xx.
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 import schemathesis
@@ -19,7 +17,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-from test_control_plane_faults import TASK, plugin_env, start_controller, start_worker  # noqa: F401  (fixture)
+from test_control_plane_faults import TASK, plugin_env, start_controller, start_worker, wait_alive  # noqa: F401
 
 pytestmark = pytest.mark.processes
 
@@ -31,10 +29,7 @@ def fuzzed_controller(plugin_env):  # noqa: F811
     # a short connect timeout: fuzzed heartbeats register workers at addresses that do not exist
     controller = start_controller("--max-body-bytes", "65536", "--connect-timeout", "0.5")
     worker = start_worker(controller, plugin_env, "--concurrency", "8")
-    deadline = time.monotonic() + 30
-    while not httpx.get(f"{controller.url}/list_workers").json().get(TASK):
-        assert time.monotonic() < deadline, "the worker did not register"
-        time.sleep(0.05)
+    wait_alive(controller.url)
     yield controller
     worker.stop()
     assert controller.stop() == 0, "the controller did not survive the fuzzing"

@@ -52,6 +52,13 @@ class LocalControlPlane:
         await ready.wait()
         if not await worker.send_heartbeat():
             raise EnvError(f"worker {worker.task_name} could not register with the controller at {self.url}")
+        entry = self.controller.state.find_worker(worker.task_name, worker.address or "")
+        for _ in range(2000):  # its first reconciliation (one get_sessions) makes it dispatchable
+            if entry is not None and entry.ready:
+                break
+            await asyncio.sleep(0.005)
+        else:
+            raise EnvError(f"worker {worker.task_name} registered but the controller could not reconcile it")
         self.workers.append(worker)
         return worker
 

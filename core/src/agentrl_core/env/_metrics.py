@@ -59,7 +59,7 @@ class Metrics:
         capacity: Counter[str] = Counter()
         in_use: Counter[str] = Counter()
         for worker in state.workers():
-            by_state[(worker.task, "draining" if worker.stale else worker.state.name.lower())] += 1
+            by_state[(worker.task, worker.state_name())] += 1
             capacity[worker.task] += worker.capacity
             in_use[worker.task] += worker.current
         family("agentrl_controller_workers", "gauge", "Registered workers, by task and state.",

@@ -31,7 +31,7 @@ class WorkerState(enum.IntEnum):
 
 class Worker:
     __slots__ = ("id", "task", "address", "pool", "path", "capacity", "sessions", "cancelling", "state", "stale",
-                 "last_heartbeat", "registered", "syncing", "cancel_since", "lost_reason")
+                 "last_heartbeat", "registered", "syncing", "ready", "cancel_since", "lost_reason")
 
     def __init__(self, worker_id: int, task: str, address: str, capacity: int, *, connect_timeout: float) -> None:
         self.id = worker_id
@@ -46,6 +46,7 @@ class Worker:
         self.last_heartbeat = time.monotonic()
         self.registered = time.time()
         self.syncing = False
+        self.ready = False  # set by the first reconciliation: until then its load is unknown
         self.cancel_since = 0.0
         self.lost_reason = ""
 
@@ -58,7 +59,12 @@ class Worker:
         return self.capacity - self.current
 
     def dispatchable(self) -> bool:
-        return self.state is WorkerState.ALIVE and not self.stale and not self.syncing
+        return self.state is WorkerState.ALIVE and self.ready and not self.stale and not self.syncing
+
+    def state_name(self) -> str:
+        if self.state is WorkerState.ALIVE:
+            return "syncing" if not self.ready else "draining" if self.stale else "alive"
+        return self.state.name.lower()
 
     def dump(self, now: float) -> dict[str, Any]:
         return {
@@ -68,7 +74,7 @@ class Worker:
             "current": self.current,
             "last_visit": time.time() - (now - self.last_heartbeat),
             "status": int(self.state),
-            "state": "draining" if self.stale and self.state is WorkerState.ALIVE else self.state.name.lower(),
+            "state": self.state_name(),
             "stale": self.stale,
             "sessions": len(self.sessions),
             "cancelling": len(self.cancelling),

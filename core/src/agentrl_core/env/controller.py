@@ -241,7 +241,7 @@ class Controller:
         else:
             worker.last_heartbeat = time.monotonic()
             worker.capacity = concurrency
-            if worker.state is not WorkerState.ALIVE and not worker.syncing:
+            if (worker.state is not WorkerState.ALIVE or not worker.ready) and not worker.syncing:
                 log.info("worker %s of task %r is back; re-syncing its sessions", worker.id, name)
                 self._spawn(self.reconcile(worker))
         return {"worker_id": worker.id, "status": int(worker.state)}
@@ -402,8 +402,9 @@ class Controller:
             reported = None
         finally:
             worker.syncing = False
-        if reported is None:
+        if reported is None:  # it is up but cannot list its sessions: serve it unreconciled
             log.warning("worker %s of task %r answered get_sessions badly; not reconciled", worker.id, worker.task)
+            worker.ready = True
             return False
         for sid, session in list(worker.sessions.items()):
             if sid not in reported and not session.busy and session.last_update < asked:
@@ -426,6 +427,7 @@ class Controller:
                 self._spawn(self._cancel_on_worker(worker, sid))
         if time.monotonic() - worker.last_heartbeat <= self.config.unresponsive_after:
             worker.state = WorkerState.ALIVE
+        worker.ready = True
         return True
 
     # -- background -------------------------------------------------------------------------
