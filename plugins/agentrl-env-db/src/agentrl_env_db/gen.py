@@ -25,13 +25,13 @@ import argparse
 import json
 import random
 import re
-import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrl_env_db.scoring import table_hash
 from agentrl_env_db.sqlite_backend import connect_memory, load_tables
+from agentrl_env_db.sqlite_compat import fold
 from agentrl_env_db.tasks import DBTask, Table, task_from_record
 
 SPLIT = "gen-train"
@@ -40,12 +40,6 @@ _NUMBER = re.compile(r"-?\d+(\.\d+)?")
 SLOTS = ("other", "INSERT", "UPDATE", "numeric", "counting", "DELETE", "UPDATE", "INSERT",
          "numeric", "other", "DELETE", "numeric", "counting", "UPDATE", "INSERT", "other",
          "numeric", "DELETE", "counting", "numeric")
-
-
-def fold(value: str) -> str:
-    """An over-approximation of MySQL's ``_ci`` equality: no case, no accents, no trailing spaces."""
-    decomposed = unicodedata.normalize("NFKD", value)
-    return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold().rstrip()
 
 
 def safe(value: str) -> bool:

@@ -2,15 +2,13 @@
 
 Every call runs in a worker thread (``run_blocking``) under the handle's lock, so the event
 loop never blocks. A progress handler stops a statement past ``query_timeout``; a
-cancelled call interrupts its statement. Columns are ``TEXT COLLATE NOCASE`` so that
-``WHERE name = 'x'`` matches case-insensitively as on MySQL's ``_ci`` collations; other
-MySQL semantics (numeric comparison of text, MySQL-only syntax such as ``SHOW TABLES``)
-differ, see the README.
+cancelled call interrupts its statement. Columns are ``TEXT`` with a collation that
+compares like MySQL's ``_ci`` collations, and MySQL string literals are translated (see
+:mod:`agentrl_env_db.sqlite_compat`); other MySQL semantics differ, see the README.
 """
 
 from __future__ import annotations
 
-import hashlib
 import sqlite3
 import threading
 import time
@@ -21,45 +19,33 @@ import anyio
 import anyio.to_thread
 
 from agentrl_core.errors import EnvError
+from agentrl_env_db import sqlite_compat as compat
 from agentrl_env_db.backend import Backend, Handle, QueryResult, RowCollector, cut, timeout_text
 from agentrl_env_db.config import DBConfig
 from agentrl_env_db.scoring import combine_hashes, table_hash
 from agentrl_env_db.tasks import DBTask, Table
 
 _PROGRESS_STEPS = 1000  # SQLite VM instructions between deadline checks
+COLLATION = "MYSQL_CI"
 
 
 def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _concat(*args: Any) -> str | None:
-    return None if any(a is None for a in args) else "".join(str(a) for a in args)
-
-
-def _concat_ws(sep: Any, *args: Any) -> str | None:
-    return None if sep is None else str(sep).join(str(a) for a in args if a is not None)
-
-
-def _md5(value: Any) -> str | None:
-    if value is None:
-        return None
-    data = value if isinstance(value, bytes) else str(value).encode("utf-8")
-    return hashlib.md5(data).hexdigest()
-
-
 def connect_memory() -> sqlite3.Connection:
     conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+    conn.create_collation(COLLATION, compat.mysql_ci)
     # A few MySQL functions agents (and upstream's hash query) use.
-    conn.create_function("md5", 1, _md5, deterministic=True)
-    conn.create_function("concat", -1, _concat, deterministic=True)
-    conn.create_function("concat_ws", -1, _concat_ws, deterministic=True)
+    conn.create_function("md5", 1, compat.md5, deterministic=True)
+    conn.create_function("concat", -1, compat.concat, deterministic=True)
+    conn.create_function("concat_ws", -1, compat.concat_ws, deterministic=True)
     return conn
 
 
 def load_tables(conn: sqlite3.Connection, tables: tuple[Table, ...]) -> None:
     for table in tables:
-        cols = ", ".join(f"{quote_ident(c)} TEXT COLLATE NOCASE" for c in table.columns)
+        cols = ", ".join(f"{quote_ident(c)} TEXT COLLATE {COLLATION}" for c in table.columns)
         conn.execute(f"CREATE TABLE IF NOT EXISTS {quote_ident(table.name)} ({cols})")
         marks = ", ".join("?" * len(table.columns))
         conn.executemany(f"INSERT INTO {quote_ident(table.name)} VALUES ({marks})", table.rows)
@@ -102,7 +88,7 @@ class SQLiteHandle(Handle):
             conn.set_progress_handler(self._progress, _PROGRESS_STEPS)
             cursor = conn.cursor()
             try:
-                cursor.execute(sql)
+                cursor.execute(compat.translate_literals(sql))
                 if cursor.description is not None:
                     while True:
                         batch = cursor.fetchmany(100)
