@@ -203,3 +203,27 @@ def test_oracle_error_rate(error_rate):
 
     rate = anyio.run(main)
     assert rate == 1.0 if error_rate == 0 else 0.25 < rate < 0.75
+
+
+def test_sqlite_session_cannot_leave_its_memory_database(tmp_path):
+    async def main():
+        env = DBEnvironment(DBConfig(sqlite_max_mb=1))
+        session = await _session(env)
+        target = tmp_path / "escape.db"
+        out = []
+        try:
+            for i, query in enumerate([f"ATTACH DATABASE '{target}' AS x", f"VACUUM INTO '{target}'",
+                                       "PRAGMA max_page_count = 100000000", "SELECT load_extension('x')",
+                                       "CREATE TABLE big AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 "
+                                       "FROM c LIMIT 100000) SELECT randomblob(100) AS b FROM c",
+                                       "PRAGMA table_info(`Jiu-Jitsu Championships Results`)"]):
+                out.append((await session.step(_sql(query, f"call_{i}"))).messages[0]["content"])
+        finally:
+            await session.close()
+        return out
+
+    out = anyio.run(main)
+    assert all(text.startswith("SQLite execution error: ") for text in out[:5]), out
+    assert "not authorized" in out[2] and "full" in out[4]
+    assert out[5].startswith("[(0, 'Result', 'TEXT', 0, None, 0)")
+    assert not (tmp_path / "escape.db").exists()

@@ -55,6 +55,8 @@ class DBConfig:
     collation: str = "utf8mb4_unicode_ci"
     user_host: str = "%"
     sqlite_threads: int = field(default=8, validator=in_range(1, 256))
+    # Size cap of one in-memory SQLite session database (INSERTs past it fail: "database or disk is full").
+    sqlite_max_mb: int = field(default=256, validator=in_range(1))
 
 
 @frozen

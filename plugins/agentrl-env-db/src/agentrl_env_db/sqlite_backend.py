@@ -33,8 +33,26 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def connect_memory() -> sqlite3.Connection:
+# Pragmas whose argument names a table or index (they read, never set).
+_READ_PRAGMAS = {"table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
+                 "foreign_key_list", "foreign_key_check", "integrity_check", "quick_check"}
+
+
+def _authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
+    """Keep a session inside its own in-memory database: no ATTACH, no PRAGMA that sets."""
+    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
+        return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_PRAGMA and arg2 is not None and (arg1 or "").lower() not in _READ_PRAGMAS:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
+def connect_memory(max_mb: int = 256) -> sqlite3.Connection:
     conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)  # no ATTACH / VACUUM INTO files on the host
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {max(16, max_mb * (1 << 20) // page_size)}")
+    conn.set_authorizer(_authorize)
     conn.create_collation(COLLATION, compat.mysql_ci)
     # A few MySQL functions agents (and upstream's hash query) use.
     conn.create_function("md5", 1, compat.md5, deterministic=True)
@@ -154,7 +172,7 @@ class SQLiteBackend(Backend):
         return SQLiteHandle(self, conn, task)
 
     def _create_blocking(self, task: DBTask) -> sqlite3.Connection:
-        conn = connect_memory()
+        conn = connect_memory(self.config.sqlite_max_mb)
         try:
             if task.sqlite_file is not None:
                 if not Path(task.sqlite_file).is_file():
