@@ -10,6 +10,7 @@ import torch
 from agentrl_core.registry import Registry
 from agentrl_core.train.advantages import (
     apply_normalizers,
+    build_advantage_fns,
     compute_advantages,
     grpo_advantages,
     masked_whiten,
@@ -148,3 +149,32 @@ def test_infra_failure_never_scored():
     )
     with pytest.raises(ValueError, match="no training reward"):
         compute_advantages([bad], grpo_advantages)
+
+
+def test_build_advantage_fns_from_config_through_the_registry():
+    from agentrl_core.config import AdvantageConfig
+    from agentrl_core.hookspecs import hookimpl
+    from agentrl_core.testing import register_plugin
+    from agentrl_core.types import AdvantageNormalizerSpec
+
+    class Plugin:
+        @hookimpl
+        def agentrl_advantage_normalizers(self):
+            return [AdvantageNormalizerSpec(name="negate", factory=lambda config: lambda b: AdvantageBatch(
+                -b.advantages, b.loss_mask, b.data_source, b.group_id))]
+
+    registry = register_plugin(Plugin(), load_entry_points=False)
+    estimator, normalizers = build_advantage_fns(AdvantageConfig(estimator="rloo", normalizers=["negate"]), registry)
+    trajs = [_traj("0", "g", "db", 1.0, [0, 1]), _traj("1", "g", "db", 0.0, [0, 1])]
+    out = compute_advantages(trajs, estimator, normalizers)
+    torch.testing.assert_close(out.advantages, torch.tensor([[0.0, -1.0], [0.0, 1.0]]))
+
+
+def test_train_samples_cut_rows_to_each_trajectory():
+    from agentrl_core.train.batching import train_samples
+
+    trajs = [_traj("0", "g", "db", 1.0, [0, 1, 1]), _traj("1", "g", "db", 0.0, [0, 1])]
+    out = compute_advantages(trajs, rloo_advantages)
+    samples = train_samples(trajs, out.advantages)
+    assert [s.advantages for s in samples] == [[0.0, 1.0, 1.0], [0.0, -1.0]]
+    assert samples[1].old_logprobs == [0.0, 0.0] and samples[0].group_id == "g"

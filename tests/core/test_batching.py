@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from agentrl_core.train.batching import (
     TrainSample,
@@ -43,7 +42,7 @@ def test_sequence_over_budget_gets_its_own_micro_batch():
 
 def test_every_rank_gets_the_same_number_of_micro_batches():
     rng = random.Random(0)
-    for trial in range(50):
+    for _ in range(50):
         lengths = [rng.randint(1, 40) for _ in range(rng.randint(1, 12))]
         world = rng.choice([1, 2, 3, 4])
         budget = rng.choice([16, 40, 64, 1000])

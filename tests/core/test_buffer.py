@@ -6,8 +6,8 @@ import random
 
 import anyio
 import pytest
-from anyio.lowlevel import checkpoint
 from anyio import wait_all_tasks_blocked
+from anyio.lowlevel import checkpoint
 
 from agentrl_core.train.buffer import AddResult, BufferClosed, GroupBuffer
 from agentrl_core.types import Trajectory

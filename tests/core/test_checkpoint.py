@@ -93,7 +93,7 @@ def test_sigkill_and_resume_trains_the_same_groups(tiny_model_dir, tmp_path):
     assert len(trained) == len(set(trained)) == STEPS * GROUPS_PER_STEP  # none repeated
     assert set(trained) == {g for r in expected for g in r["groups"]}  # none skipped
     assert [r["groups"] for r in got] == [r["groups"] for r in expected]  # and the same batches
-    for a, b in zip(got, expected):
+    for a, b in zip(got, expected, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-9)
     # some checkpoints held issued-but-untrained groups, and they were re-issued first
     resumes = [r for i in (2, 3) for r in _records(tmp_path / f"run{i}.jsonl") if r.get("event") == "start"]
@@ -146,7 +146,7 @@ def _train(model_dir: str, run_dir: str, log_path: str, argv: list[str]) -> None
     learner = Learner(model_dir, train=TrainConfig(device="cpu", max_tokens_per_micro_batch=96),
                       optim=OptimConfig(lr=1e-4), temperature=0.8)
     stream = TaskStream([StreamTask("toy-train", "toy", "train", range(STEPS * GROUPS_PER_STEP))], N_SAMPLES, seed=5)
-    log = open(log_path, "a")
+    log = open(log_path, "a")  # noqa: SIM115 (open until the process ends or is killed)
 
     def write(record: dict) -> None:
         log.write(json.dumps(record) + "\n")

@@ -108,7 +108,7 @@ def test_aggregation_exact_across_uneven_micro_batches_and_ranks(mode):
         return out
 
     def run(indices, **denominators):
-        cols = list(zip(*[seqs[i] for i in indices]))
+        cols = list(zip(*[seqs[i] for i in indices], strict=True))
         logp, old, ref, adv, mask = (pad(c) for c in cols)
         return ppo_dual_clip(logp, old, ref, adv, mask, cfg, **denominators)
 

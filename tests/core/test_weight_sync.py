@@ -80,10 +80,10 @@ def test_disk_transport_needs_a_path():
 
 def _start_engine(model_dir: Path, workdir: Path, name: str) -> tuple[subprocess.Popen, Path]:
     port_file = workdir / f"{name}.port.json"
-    log = open(workdir / f"{name}.log", "wb")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, __file__, str(model_dir), str(port_file)], stdout=log,
-                            stderr=subprocess.STDOUT, env=env)
+    with open(workdir / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen([sys.executable, __file__, str(model_dir), str(port_file)], stdout=log,
+                                stderr=subprocess.STDOUT, env=env)
     return proc, port_file
 
 
@@ -143,7 +143,7 @@ def test_collective_sync_is_bit_exact_in_two_engines(two_engines, tiny_model_dir
     size = {n: t.numel() * t.element_size() for n, t in weights}
     assert any(len(b) == 1 and size[b[0][0]] > bucket_bytes for b in buckets)  # one larger than a bucket
     # the first tensor of every later bucket is one that did not fit in the previous one
-    crossers = [b[0][0] for prev, b in zip(buckets, buckets[1:]) if len(prev) > 1]
+    crossers = [b[0][0] for prev, b in zip(buckets[:-1], buckets[1:], strict=True) if len(prev) > 1]
     assert len(crossers) >= 5
     # the engines start from the original weights, so arrival is visible
     original = load_file(str(tiny_model_dir / "model.safetensors"))

@@ -40,6 +40,7 @@ __all__ = [
     "apply_normalizers",
     "compute_advantages",
     "pad_rows",
+    "build_advantage_fns",
 ]
 
 
@@ -184,3 +185,19 @@ def compute_advantages(trajectories: Sequence[Any], estimator: Any, normalizers:
         group_id=group_ids,
     )
     return apply_normalizers(batch, normalizers)
+
+
+def build_advantage_fns(advantage_config: Any, registry: Any = None) -> tuple[Any, list[Any]]:
+    """The configured estimator and normalizers (``advantage`` config section), via the registry.
+
+    Each component gets its validated sub-section (``advantage.<name>``) as its config.
+    """
+    if registry is None:
+        from agentrl_core.registry import Registry
+
+        registry = Registry()
+    options = getattr(advantage_config, "options", {}) or {}
+    name = advantage_config.estimator
+    estimator = registry.build("advantage_estimator", name, options.get(name))
+    normalizers = [registry.build("advantage_normalizer", n, options.get(n)) for n in advantage_config.normalizers]
+    return estimator, normalizers

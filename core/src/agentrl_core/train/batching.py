@@ -24,7 +24,7 @@ every loss token to the logit that predicts it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from attrs import define, frozen
@@ -40,6 +40,7 @@ __all__ = [
     "plan_micro_batches",
     "collate",
     "micro_batch_cost",
+    "train_samples",
 ]
 
 
@@ -70,6 +71,18 @@ class TrainSample:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+
+def train_samples(trajectories: Sequence[Any], advantages: Any) -> list[TrainSample]:
+    """One :class:`TrainSample` per trajectory; ``advantages`` is the ``[B, L]`` tensor of
+    :func:`~agentrl_core.train.advantages.compute_advantages` (row ``i`` for trajectory ``i``)."""
+    if len(trajectories) != advantages.shape[0]:
+        raise ValueError(f"{len(trajectories)} trajectories but {advantages.shape[0]} advantage rows")
+    return [
+        TrainSample(list(t.input_ids), list(t.loss_mask), list(t.rollout_logprobs),
+                    advantages[i, : len(t.input_ids)].tolist(), t.group_id)
+        for i, t in enumerate(trajectories)
+    ]
 
 
 def micro_batch_cost(lengths: Sequence[int], layout: Layout) -> int:

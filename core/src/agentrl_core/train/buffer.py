@@ -39,6 +39,7 @@ import enum
 import logging
 import math
 from collections import OrderedDict, deque
+
 import anyio
 import attrs
 from attrs import define, frozen

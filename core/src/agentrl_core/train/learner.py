@@ -272,7 +272,7 @@ class Learner:
         totals = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
         if self.world_size > 1:
             dist.all_reduce(totals)
-        metrics = {k: float(v) for k, v in zip(keys, totals.tolist())}
+        metrics = {k: float(v) for k, v in zip(keys, totals.tolist(), strict=True)}
         metrics.update(
             num_sequences=float(len(samples)),
             num_loss_tokens=float(num_tokens),

@@ -54,7 +54,7 @@ class JsonlLogger:
 
     def __init__(self, config: Any = None, *, run_dir: str | os.PathLike | None = None, filename: str = "metrics.jsonl") -> None:
         self.path = _run_dir(run_dir) / filename
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         record: dict[str, Any] = {"step": int(step), "time": time.time()}

@@ -305,7 +305,7 @@ class CollectiveTransport:
                 shapes=[list(t.shape) for _, t in bucket], group_name=self.group_name,
                 weight_version=version, flush_cache=True,
             )
-            for name, tensor in bucket:
+            for _, tensor in bucket:
                 if receiving.done() and receiving.exception() is not None:
                     break  # an engine refused the bucket: do not wait on a broadcast it will never join
                 dist.broadcast(tensor, src=0, group=self.group)
