@@ -181,6 +181,7 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     world_size: int = field(default=1, validator=in_range(1))
     max_tokens_per_micro_batch: int = field(default=8192, validator=in_range(1))
+    micro_batch_layout: Literal["packed", "padded"] = "packed"  # packed: no padding (core/docs/learner.md)
     gradient_checkpointing: bool = False
     reference: bool = True  # keep a frozen reference model (needed when kl_coef > 0)
     checkpoint_every: int = field(default=50, validator=in_range(0))
@@ -196,6 +197,7 @@ class WeightSyncConfig:
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     bucket_mb: float = field(default=512.0, validator=in_range(0.0, lo_open=True))
     disk_path: str | None = None
+    timeout_s: float = field(default=600.0, validator=in_range(0.0, lo_open=True))  # weight-group collectives, HTTP calls
 
 
 @frozen
