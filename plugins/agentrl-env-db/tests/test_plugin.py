@@ -107,3 +107,15 @@ def test_wheel_ships_the_data_with_matching_checksums(tmp_path):
         assert "agentrl_env_db/plugin.py" in zf.namelist()
         entry_points = next(n for n in zf.namelist() if n.endswith("entry_points.txt"))
         assert 'env_db = agentrl_env_db.plugin' in zf.read(entry_points).decode()
+
+
+def test_missing_server_binaries_fail_with_one_sentence(monkeypatch):
+    from agentrl_env_db import server
+
+    from agentrl_core.errors import EnvError
+
+    monkeypatch.setattr(server, "_which", lambda names: None)
+    with pytest.raises(EnvError) as info:
+        server.PrivateMariaDB()
+    message = str(info.value)
+    assert message == server.MISSING and "install the mariadb-server package" in message

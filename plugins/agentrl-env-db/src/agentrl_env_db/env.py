@@ -14,6 +14,7 @@ when ``train_file`` is set, ``train`` (upstream's db_out_new.jsonl format).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from functools import cached_property
@@ -51,6 +52,16 @@ TOOLS = [
         required=["answers"],
     ),
 ]
+
+
+@functools.lru_cache(maxsize=4)
+def _shipped_tasks(data_dir: str | None, per_table: int, seed: int) -> dict[str, list[DBTask]]:
+    """std, dev and gen-train (tasks are frozen, so environments of one process share them)."""
+    from agentrl_env_db.gen import generate
+
+    loaded = {split: tasks_mod.load_split(split, data_dir) for split in ("std", "dev")}
+    loaded["gen-train"] = generate(loaded["dev"], loaded["std"], per_table=per_table, seed=seed)
+    return loaded
 
 
 class DBSession(ToolSession):
@@ -124,10 +135,7 @@ class DBEnvironment(Environment):
     @cached_property
     def _tasks(self) -> dict[str, list[DBTask]]:
         c = self.config
-        loaded = {split: tasks_mod.load_split(split, c.data_dir) for split in ("std", "dev")}
-        from agentrl_env_db.gen import generate
-
-        loaded["gen-train"] = generate(loaded["dev"], loaded["std"], per_table=c.gen_train_per_table, seed=c.gen_train_seed)
+        loaded = dict(_shipped_tasks(c.data_dir, c.gen_train_per_table, c.gen_train_seed))
         if c.train_file:
             loaded["train"] = tasks_mod.load_train(c.train_file, c.train_db_dir)
         return loaded
