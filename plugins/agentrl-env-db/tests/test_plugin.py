@@ -119,3 +119,24 @@ def test_missing_server_binaries_fail_with_one_sentence(monkeypatch):
         server.PrivateMariaDB()
     message = str(info.value)
     assert message == server.MISSING and "install the mariadb-server package" in message
+
+
+def test_unreachable_server_is_one_clear_error():
+    import anyio
+
+    from agentrl_core.errors import EnvError
+    from agentrl_env_db.server import free_port
+
+    async def main():
+        env = DBEnvironment(DBConfig(backend="mysql", url=f"mysql://root@127.0.0.1:{free_port()}", admin_timeout=5))
+        session = await env.open("std", 0)
+        try:
+            with pytest.raises(EnvError, match=r"cannot connect to the MySQL/MariaDB server at 127\.0\.0\.1:\d+ as "
+                                               r"'root' \(2003: .*\); check environments\.db\.url"):
+                await session.start()
+        finally:
+            await session.close()
+            await env.aclose()
+        assert env.resource_count() == 0
+
+    anyio.run(main)

@@ -75,6 +75,10 @@ def test_observations_are_upstreams_format():
             error = await session.step(_sql("SELEC 1"))
             assert error.messages[0]["content"] == 'SQLite execution error: near "SELEC": syntax error'
             assert not error.finish and error.metrics["sql_errors"] == 1 and error.metrics["sql_calls"] == 5
+            surrogate = await session.step(_sql("SELECT '\ud800'"))
+            assert surrogate.messages[0]["content"] == "Error: the query is not valid text (surrogates not allowed at position 8)."
+            two = await session.step(_sql("SELECT 1; SELECT 2"))
+            assert two.messages[0]["content"] == "SQLite execution error: You can only execute one statement at a time."
         finally:
             await session.close()
 

@@ -84,7 +84,13 @@ class DBSession(ToolSession):
     async def on_tool_call(self, call: ToolCall, message: Message) -> Step:
         assert self.handle is not None
         if call.name == "execute_sql":
-            result = await self.handle.execute(call.arguments["query"])
+            query = call.arguments["query"]
+            try:
+                query.encode("utf-8")
+            except UnicodeEncodeError as exc:  # e.g. a lone surrogate from a JSON "\ud800" escape
+                self.counts["sql_errors"] += 1
+                return Step([tool_result(call, f"Error: the query is not valid text ({exc.reason} at position {exc.start}).")])
+            result = await self.handle.execute(query)
             self.counts["sql_calls"] += 1
             self.counts["sql_errors"] += int(result.error)
             self.counts["sql_timeouts"] += int(result.timed_out)
