@@ -123,9 +123,9 @@ def test_missing_server_binaries_fail_with_one_sentence(monkeypatch):
 
 def test_unreachable_server_is_one_clear_error():
     import anyio
+    from agentrl_env_db.server import free_port
 
     from agentrl_core.errors import EnvError
-    from agentrl_env_db.server import free_port
 
     async def main():
         env = DBEnvironment(DBConfig(backend="mysql", url=f"mysql://root@127.0.0.1:{free_port()}", admin_timeout=5))
