@@ -177,6 +177,19 @@ def main() -> int:
 
 def run_phases(args, url: str, worker_urls: list[str], controller, workers) -> dict:
     phases: dict = {}
+    # Sessions held first, on fresh processes: freed memory is not returned to the OS, so a
+    # later measurement would hide the growth behind what earlier phases already allocated.
+    before = {"controller": rss_mib(controller.pid), "workers": sum(rss_mib(w.pid) for w in workers)}
+    held = run_load(url, "hold", sessions=args.sessions, concurrency=64,
+                    rss_pids=",".join(str(p.pid) for p in [controller, *workers]))
+    held["rss_mib_before"] = before
+    n = max(held["sessions_held"], 1)
+    held["controller_kib_per_session"] = (held["rss_mib_held"][0] - before["controller"]) * 1024 / n
+    held["worker_kib_per_session"] = (sum(held["rss_mib_held"][1:]) - before["workers"]) * 1024 / n
+    held["load_avg_1m"] = os.getloadavg()[0]
+    phases["sessions_held"] = held
+    print(f"sessions held: {held['sessions_held']} ({held['controller_kib_per_session']:.2f} KiB per session in the "
+          f"controller, {held['worker_kib_per_session']:.2f} KiB in the worker)", flush=True)
     for concurrency in (1, 64, 1024):
         load = os.getloadavg()[0]
         phases[f"round_trips_c{concurrency}"] = {
@@ -187,16 +200,6 @@ def run_phases(args, url: str, worker_urls: list[str], controller, workers) -> d
         phases[f"latency_500rps_{target}"] = {
             **run_load(url, "latency", target=target, rate=500, duration=args.duration), "load_avg_1m": os.getloadavg()[0]}
         print(f"latency at 500 req/s via {target}: {phases[f'latency_500rps_{target}']}", flush=True)
-    before = {"controller": rss_mib(controller.pid), "workers": sum(rss_mib(w.pid) for w in workers)}
-    held = run_load(url, "hold", sessions=args.sessions, concurrency=64,
-                    rss_pids=",".join(str(p.pid) for p in [controller, *workers]))
-    held["rss_mib_before"] = before
-    n = max(held["sessions_held"], 1)
-    held["controller_kib_per_session"] = (held["rss_mib_held"][0] - before["controller"]) * 1024 / n
-    held["worker_kib_per_session"] = (sum(held["rss_mib_held"][1:]) - before["workers"]) * 1024 / n
-    held["load_avg_1m"] = os.getloadavg()[0]
-    phases["sessions_held"] = held
-    print(f"sessions held: {held['sessions_held']}", flush=True)
     return phases
 
 
@@ -319,7 +322,7 @@ async def load_latency(args) -> dict:
     from agentrl_core.env._httpclient import Pool
 
     api = Api(args.url)
-    sids = await start_many(api, 64, 16)
+    sids = await start_many(api, 256, 32)  # enough idle sessions that the schedule never waits for one
     if args.target == "worker":
         workers = await api.get("list_workers")
         address = next(iter(workers[TASK]["workers"].values()))["address"]

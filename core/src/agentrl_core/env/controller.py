@@ -418,9 +418,9 @@ class Controller:
             known = self.state.sessions.get(sid)
             if known is None and self.state.why_gone(sid) is None:
                 self.state.adopt(sid, worker.task, index, worker)
-            else:  # a session we ended (or lost): it must not hold the slot
-                if known is not None and known.worker is not worker:
-                    continue
+            elif known is not None and known.lost is None:
+                continue  # live on another worker entry (cannot happen with our ids): leave it
+            else:  # a session we ended or gave up as lost: it must not hold the slot
                 self.state.cancel_confirmed(sid)
                 worker.cancelling.add(sid)
                 self.state.pending_cancels[sid] = worker
