@@ -52,7 +52,7 @@ async def test_logprobs_equal_a_plain_transformers_forward(engine, reference):
         results = {}
 
         async def run(i, prompt, params):
-            results[i] = await client.generate(prompt, {**params, "max_new_tokens": 24, "ignore_eos": True,
+            results[i] = await client.generate(prompt, {**params, "max_new_tokens": 24 - 3 * i, "ignore_eos": True,
                                                         "seed": 100 + i})
 
         async with anyio.create_task_group() as tg:
@@ -60,15 +60,16 @@ async def test_logprobs_equal_a_plain_transformers_forward(engine, reference):
                 tg.start_soon(run, i, PROMPTS[i % len(PROMPTS)], params)
     for i, params in enumerate(settings):
         result = results[i]
-        assert result.finish_reason == "length" and len(result.output_ids) == 24 == len(result.logprobs)
+        assert result.finish_reason == "length" and len(result.output_ids) == 24 - 3 * i == len(result.logprobs)
         expected = reference_logprobs(reference, PROMPTS[i % len(PROMPTS)], result.output_ids, params["temperature"])
         assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4, rtol=0), params
         if params.get("top_k"):  # truncation limits what is sampled, not the returned log-probs
             assert all(lp >= torch.topk(expected, 1).values.item() - 50 for lp in result.logprobs)
         if params["temperature"] == 0.0:
             with torch.no_grad():
-                greedy = reference.generate(torch.tensor([PROMPTS[i % 3]]), max_new_tokens=24, do_sample=False,
-                                            min_new_tokens=24, pad_token_id=0)[0, len(PROMPTS[i % 3]):].tolist()
+                greedy = reference.generate(torch.tensor([PROMPTS[i % 3]]), max_new_tokens=24 - 3 * i,
+                                            do_sample=False, min_new_tokens=24 - 3 * i,
+                                            pad_token_id=0)[0, len(PROMPTS[i % 3]):].tolist()
             assert result.output_ids == greedy
 
 
@@ -84,6 +85,27 @@ async def test_seeded_requests_repeat_and_top_k_restricts_sampling(engine, refer
         logits = reference(torch.tensor([PROMPTS[1] + k.output_ids])).logits[0, len(PROMPTS[1]) - 1 : -1]
     top3 = torch.topk(logits, 3, dim=-1).indices
     assert all(tok in top3[i].tolist() for i, tok in enumerate(k.output_ids))
+
+
+async def test_many_requests_leaving_at_different_steps_keep_exact_logprobs(engine, reference):
+    """Finishing requests hand their slot to the last running one (packed cache); nothing may get mixed up."""
+    rng = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 4000, (int(n),), generator=rng).tolist()
+               for n in torch.randint(2, 40, (24,), generator=rng)]
+    lengths = [int(n) for n in torch.randint(1, 30, (24,), generator=rng)]
+    results = {}
+    async with EngineClient(engine.url) as client:
+        async def run(i):
+            results[i] = await client.generate(prompts[i], {"max_new_tokens": lengths[i], "ignore_eos": True,
+                                                            "temperature": 1.0})
+
+        async with anyio.create_task_group() as tg:
+            for i in range(24):
+                tg.start_soon(run, i)
+    for i, result in results.items():
+        assert len(result.output_ids) == lengths[i]
+        expected = reference_logprobs(reference, prompts[i], result.output_ids, 1.0)
+        assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4, rtol=0), i
 
 
 def test_truncation_by_hand():

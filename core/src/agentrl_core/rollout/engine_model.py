@@ -83,6 +83,10 @@ class EngineModel:
         self.max_slots = max_slots
         self.capacity = 0
         self.k_cache = self.v_cache = torch.empty(0)
+        self.cos_table = self.sin_table = torch.empty(0)
+        rope_type = str(getattr(self.rotary, "rope_type", "default"))
+        self._static_rope = "dynamic" not in rope_type and rope_type != "longrope"
+        self.blocks = [_fuse_block(layer, self.has_qk_norm) for layer in self.layers]
         self._grow(min(initial_capacity, self.max_context))
 
     # ------------------------------------------------------------------------------
@@ -106,11 +110,20 @@ class EngineModel:
             k[..., : self.capacity, :] = self.k_cache
             v[..., : self.capacity, :] = self.v_cache
         self.k_cache, self.v_cache, self.capacity = k, v, capacity
+        if self._static_rope:  # cos/sin of every position once: the same numbers the module computes
+            with torch.inference_mode():
+                positions = torch.arange(capacity, device=self.device)[None, :]
+                cos, sin = self.rotary(torch.empty(0, dtype=self.dtype, device=self.device), positions)
+            self.cos_table, self.sin_table = cos[0], sin[0]
         log.debug("KV cache grown to %d positions per slot (%.1f MiB)", capacity, self.cache_bytes() / 2**20)
 
-    def copy_slot(self, src: int, dst: int, length: int) -> None:
-        self.k_cache[:, dst, :, :length] = self.k_cache[:, src, :, :length]
-        self.v_cache[:, dst, :, :length] = self.v_cache[:, src, :, :length]
+    def swap_slots(self, a: int, b: int, length: int) -> None:
+        """Exchange the first ``length`` cached positions of slots ``a`` and ``b``."""
+        length = min(length, self.capacity)
+        for cache in (self.k_cache, self.v_cache):
+            held = cache[:, a, :, :length].clone()
+            cache[:, a, :, :length] = cache[:, b, :, :length]
+            cache[:, b, :, :length] = held
 
     # ------------------------------------------------------------------------------
     # Forward
@@ -139,19 +152,23 @@ class EngineModel:
         slot_t = torch.as_tensor(slots, dtype=torch.long, device=dev)
         contiguous = list(slots) == list(range(slots[0], slots[0] + batch))
 
-        hidden = self.embed(ids)
-        cos, sin = self.rotary(hidden, positions)
+        hidden = F.embedding(ids, self.embed.weight)
+        if self._static_rope:
+            cos, sin = self.cos_table[positions], self.sin_table[positions]
+        else:
+            cos, sin = self.rotary(hidden, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         write_slots = slot_t[:, None].expand(batch, width)
-        for index, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            residual = hidden
-            x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(batch, width, self.num_heads, self.head_dim)
-            k = attn.k_proj(x).view(batch, width, self.num_kv_heads, self.head_dim)
-            v = attn.v_proj(x).view(batch, width, self.num_kv_heads, self.head_dim)
-            if self.has_qk_norm:
-                q, k = attn.q_norm(q), attn.k_norm(k)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        gqa = self.num_kv_heads != self.num_heads
+        for index, block in enumerate(self.blocks):
+            x = _rms_norm(hidden, block.ln1, block.eps)
+            qkv = F.linear(x, block.qkv_w, block.qkv_b)
+            q = qkv[..., :q_size].view(batch, width, self.num_heads, self.head_dim)
+            k = qkv[..., q_size : q_size + kv_size].view(batch, width, self.num_kv_heads, self.head_dim)
+            v = qkv[..., q_size + kv_size :].view(batch, width, self.num_kv_heads, self.head_dim)
+            if block.q_norm is not None:
+                q, k = block.q_norm(q), block.k_norm(k)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
@@ -165,14 +182,16 @@ class EngineModel:
             else:
                 keys = k_layer[slot_t, :, :total]
                 values = v_layer[slot_t, :, :total]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling,
-                                                 enable_gqa=self.num_kv_heads != self.num_heads)
-            out = out.transpose(1, 2).reshape(batch, width, self.num_heads * self.head_dim)
-            hidden = residual + attn.o_proj(out)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=gqa)
+            out = out.transpose(1, 2).reshape(batch, width, q_size)
+            hidden = hidden + F.linear(out, block.o_w, block.o_b)
+            gate_up = F.linear(_rms_norm(hidden, block.ln2, block.eps), block.gate_up_w)
+            gate, up = gate_up.chunk(2, dim=-1)
+            hidden = hidden + F.linear(block.act(gate) * up, block.down_w)
         last = torch.as_tensor([n - 1 for n in lengths], device=dev)
         hidden = hidden[torch.arange(batch, device=dev), last]
-        return self.lm_head(self.norm(hidden)).float()
+        hidden = _rms_norm(hidden, self.norm.weight, self.norm.variance_epsilon)
+        return F.linear(hidden, self.lm_head.weight).float()
 
     # ------------------------------------------------------------------------------
     # Weights
@@ -198,6 +217,54 @@ class EngineModel:
             param.copy_(tensor.to(device=param.device, dtype=param.dtype))
             written.append(name)
         return written
+
+
+class _Block:
+    """One decoder layer's tensors for the functional forward (views of the HF parameters)."""
+
+    __slots__ = ("qkv_w", "qkv_b", "o_w", "o_b", "gate_up_w", "down_w", "ln1", "ln2", "eps", "act", "q_norm",
+                 "k_norm")
+
+
+def _fuse_block(layer: Any, qk_norm: bool) -> _Block:
+    """Fuse q/k/v and gate/up into single weights, re-pointing the HF parameters at views of them.
+
+    Parameters keep their names and shapes (weight updates and ``named_parameters`` see no
+    difference), the fused tensors share their memory, and one matmul replaces three (two).
+    """
+    attn, mlp = layer.self_attn, layer.mlp
+    if type(mlp.act_fn).__name__ not in ("SiLUActivation", "SiLU"):
+        raise UnsupportedModelError(f"the hf engine implements SiLU MLPs, not {type(mlp.act_fn).__name__}")
+    block = _Block()
+    block.qkv_w = _fuse([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+    biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+    block.qkv_b = _fuse(biases) if all(b is not None for b in biases) else None
+    block.o_w, block.o_b = attn.o_proj.weight, attn.o_proj.bias
+    block.gate_up_w = _fuse([mlp.gate_proj.weight, mlp.up_proj.weight])
+    block.down_w = mlp.down_proj.weight
+    block.ln1, block.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+    block.eps = layer.input_layernorm.variance_epsilon
+    block.act = F.silu
+    block.q_norm = attn.q_norm if qk_norm else None
+    block.k_norm = attn.k_norm if qk_norm else None
+    return block
+
+
+def _fuse(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    fused = torch.cat([p.detach() for p in params], dim=0)
+    offset = 0
+    for p in params:
+        n = p.shape[0]
+        p.data = fused[offset : offset + n]
+        offset += n
+    return fused
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen2RMSNorm / LlamaRMSNorm: fp32 statistics, the weight applied in the input dtype."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

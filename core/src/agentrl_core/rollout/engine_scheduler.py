@@ -146,9 +146,12 @@ class Scheduler:
         self.model_path = ""
         # owned by the scheduler thread
         self.waiting: collections.deque[Request] = collections.deque()
+        # running[k] is the request in KV slot k: running requests always hold slots 0..n-1, so
+        # every forward reads one contiguous block of the cache (no gather); slots n.. hold
+        # cached prefixes of finished requests (LRU) or nothing
         self.running: list[Request] = []
-        self.free_slots = list(range(self.max_running - 1, -1, -1))
         self.cached: collections.OrderedDict[int, tuple[int, ...]] = collections.OrderedDict()  # slot -> tokens
+        self.slot_len = [0] * self.max_running  # valid cache positions held by each slot
         # shared with other threads, guarded by _cond
         self._cond = threading.Condition()
         self._incoming: list[Request] = []
@@ -225,7 +228,8 @@ class Scheduler:
 
     def flush_cache(self) -> int:
         dropped = len(self.cached)
-        self.free_slots.extend(self.cached)
+        for slot in self.cached:
+            self.slot_len[slot] = 0
         self.cached.clear()
         return dropped
 
@@ -313,14 +317,13 @@ class Scheduler:
                     f"the prompt has {len(request.input_ids)} tokens; the engine takes 1 to "
                     f"{self.model.max_context - 1} (max_context {self.model.max_context})")})
                 continue
-            slot, reuse = self._take_slot(request.input_ids)
+            source, reuse = self._best_prefix(request.input_ids)
             new_tokens = len(request.input_ids) - reuse
             if admitted and new_tokens > budget:
-                self._release(slot, None)
                 break
             self.waiting.popleft()
             budget -= new_tokens
-            request.slot = slot
+            request.slot = self._place(source)
             request.cached_tokens = reuse
             request.version = self.weight_version
             request.admitted = time.monotonic()
@@ -335,27 +338,43 @@ class Scheduler:
             self.stats.cached_tokens += reuse
         return admitted
 
-    def _take_slot(self, tokens: list[int]) -> tuple[int, int]:
-        """A slot for ``tokens`` and how many leading tokens it already holds."""
+    def _best_prefix(self, tokens: list[int]) -> tuple[int, int]:
+        """The cached slot sharing the longest prefix with ``tokens`` (or -1), and how much to reuse."""
         best_slot, best = -1, 0
         if self.prefix_cache:
             for slot, cached in self.cached.items():
                 n = _common_prefix(cached, tokens)
                 if n > best:
                     best_slot, best = slot, n
-        if best_slot >= 0:
-            del self.cached[best_slot]
-            return best_slot, min(best, len(tokens) - 1)  # the last prompt token is always recomputed
-        if self.free_slots:
-            return self.free_slots.pop(), 0
-        slot, _ = self.cached.popitem(last=False)  # least recently used
-        return slot, 0
+        return best_slot, min(best, len(tokens) - 1)  # the last prompt token is always recomputed
 
-    def _release(self, slot: int, tokens: Sequence[int] | None) -> None:
-        if tokens and self.prefix_cache:
-            self.cached[slot] = tuple(tokens)
+    def _place(self, source: int) -> int:
+        """Give the next running request slot ``n`` (the first free position), holding ``source``'s cache."""
+        target = len(self.running)
+        if source < 0:  # no reusable prefix: an empty slot, else evict the least recently used prefix
+            empty = [s for s in range(target, self.max_running) if s not in self.cached]
+            source = empty[0] if empty else next(iter(self.cached))
+            self.cached.pop(source, None)
+            self.slot_len[source] = 0
         else:
-            self.free_slots.append(slot)
+            self.cached.pop(source)
+        self._swap(source, target)
+        self.cached.pop(target, None)  # whatever moved out of the target stays cached at source
+        return target
+
+    def _swap(self, a: int, b: int) -> None:
+        """Exchange the contents (cache, length, cached tokens) of slots ``a`` and ``b``."""
+        if a == b:
+            return
+        length = max(self.slot_len[a], self.slot_len[b])
+        if length:
+            self.model.swap_slots(a, b, length)
+        self.slot_len[a], self.slot_len[b] = self.slot_len[b], self.slot_len[a]
+        tokens_a, tokens_b = self.cached.pop(a, None), self.cached.pop(b, None)
+        if tokens_a is not None:
+            self.cached[b] = tokens_a
+        if tokens_b is not None:
+            self.cached[a] = tokens_b
 
     # ------------------------------------------------------------------------------
     # Forward passes
@@ -370,7 +389,6 @@ class Scheduler:
             self._sample_and_append(group, logits)
 
     def _decode(self, requests: list[Request]) -> None:
-        requests.sort(key=lambda r: r.slot)  # contiguous slots let the model slice the cache
         t0 = time.perf_counter()
         logits = self.model.extend([r.slot for r in requests], [[r.output_ids[-1]] for r in requests],
                                    [len(r.input_ids) + len(r.output_ids) - 1 for r in requests])
@@ -380,6 +398,8 @@ class Scheduler:
 
     def _sample_and_append(self, requests: list[Request], logits: torch.Tensor) -> None:
         tokens, logprobs = sample(logits, [r.params for r in requests], [r.generator for r in requests], self.rng)
+        for request in requests:  # positions fed so far, before any finish moves slots around
+            self.slot_len[request.slot] = len(request.input_ids) + len(request.output_ids)
         for request, token, logprob in zip(requests, tokens, logprobs, strict=True):
             request.output_ids.append(token)
             request.logprobs.append(logprob)
@@ -408,12 +428,21 @@ class Scheduler:
         if request.finished:
             return
         request.finished = True
-        if request in self.running:
-            self.running.remove(request)
         if request.slot >= 0:
+            slot, last = request.slot, len(self.running) - 1
+            if slot != last:  # keep running requests packed: the last one moves into the hole
+                mover = self.running[last]
+                self._swap(slot, last)
+                mover.slot = slot
+                self.running[slot] = mover
+            self.running.pop()
             # the keys/values of every token fed to the model so far stay valid for reuse
             fed = request.input_ids + request.output_ids[:-1] if request.output_ids else None
-            self._release(request.slot, fed)
+            if fed and self.prefix_cache:
+                self.cached[last] = tuple(fed)
+                self.slot_len[last] = len(fed)
+            else:
+                self.slot_len[last] = 0
             request.slot = -1
         if reason["type"] == "abort":
             self.stats.aborted += 1
@@ -468,15 +497,17 @@ def sample(
     for i, p in enumerate(params):
         if p.truncates:
             probs[i] = truncate(probs[i], top_k=p.top_k, top_p=p.top_p, min_p=p.min_p)
-    # exponential race (equivalent to Gumbel-max): argmax p_i / E_i with E_i ~ Exp(1)
-    noise = torch.empty_like(probs)
+    # inverse-CDF sampling, one uniform number per row (seeded rows draw from their own generator);
+    # a token of probability 0 owns an empty interval of the CDF and is never drawn
+    uniform = torch.empty(batch, 1, dtype=probs.dtype)
     shared = [i for i, g in enumerate(generators) if g is None]
     if shared:
-        noise[shared] = torch.empty(len(shared), probs.shape[1], dtype=probs.dtype).exponential_(generator=rng)
+        uniform[shared] = torch.rand(len(shared), 1, dtype=probs.dtype, generator=rng)
     for i, g in enumerate(generators):
         if g is not None:
-            noise[i].exponential_(generator=g)
-    choice = torch.argmax(probs / noise, dim=-1)
+            uniform[i] = torch.rand(1, dtype=probs.dtype, generator=g)
+    cdf = torch.cumsum(probs, dim=-1)
+    choice = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True)[:, 0].clamp_(max=probs.shape[1] - 1)
     greedy = [i for i, p in enumerate(params) if p.greedy]
     if greedy:
         choice[greedy] = torch.argmax(logits[greedy], dim=-1)

@@ -1,0 +1,195 @@
+"""Tokens/s of the hf engine under concurrent streams, against plain ``transformers`` generate.
+
+For each model size (``agentrl model init --size tiny|small``, fp32, CPU):
+
+* ``hf_sequential``: one request at a time with ``model.generate`` (the floor);
+* ``hf_static_batch``: one ``model.generate`` over 32 equal prompts (the ceiling: no
+  arrivals, no varied lengths, no HTTP, no log-probs);
+* ``engine_static_batch``: the same 32 equal requests sent at once to the engine;
+* ``engine_streams_N`` (N = 1, 8, 32, 64): N closed-loop streams with staggered starts
+  and varied prompt and completion lengths, each request with ``return_logprob``,
+  through HTTP to an ``agentrl engine serve`` process (the hf driver).
+
+Targets (issue 4): at 32 streams >= 5x ``hf_sequential`` and >= 70 % of ``hf_static_batch``.
+Every run uses the same number of torch threads. The CPU is shared with other work, so
+the load average is recorded before and after each measurement.
+
+    python benchmarks/engine_throughput.py [--quick] [--sizes tiny small] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import torch
+
+from agentrl_core.config import EngineConfig, HFEngineOptions
+from agentrl_core.rollout.engine_client import EngineClient, EnginePool
+from agentrl_core.rollout.hf_driver import HFDriver
+from agentrl_core.rollout.model_init import init_model
+
+RESULTS = Path(__file__).parent / "results" / "engine_throughput.json"
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def hf_generate(model, prompts: torch.Tensor, new_tokens: int) -> float:
+    start = time.perf_counter()
+    with torch.no_grad():
+        model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                       pad_token_id=0)
+    return time.perf_counter() - start
+
+
+def make_requests(rng: random.Random, vocab: int, count: int, prompt: int, new: int, varied: bool):
+    out = []
+    for _ in range(count):
+        p = rng.randint(prompt // 2, prompt * 3 // 2) if varied else prompt
+        g = rng.randint(new // 2, new * 3 // 2) if varied else new
+        out.append(([rng.randrange(vocab) for _ in range(p)], g))
+    return out
+
+
+async def run_streams(url: str, streams: list[list[tuple[list[int], int]]], stagger: float) -> dict:
+    tokens = 0
+    latencies = []
+    async with EnginePool("bench", [url]) as pool:
+        async def stream(i: int, requests) -> None:
+            nonlocal tokens
+            await anyio.sleep(i * stagger)  # staggered arrivals (workload shape, not synchronization)
+            for ids, new in requests:
+                t0 = time.perf_counter()
+                result = await pool.generate(f"s{i}", ids, {"max_new_tokens": new, "temperature": 1.0,
+                                                            "ignore_eos": True})
+                latencies.append(time.perf_counter() - t0)
+                tokens += len(result.output_ids)
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for i, requests in enumerate(streams):
+                tg.start_soon(stream, i, requests)
+        wall = time.perf_counter() - start
+    latencies.sort()
+    return {"tokens": tokens, "seconds": round(wall, 3), "tokens_per_s": round(tokens / wall, 1),
+            "p50_latency_s": round(latencies[len(latencies) // 2], 3), "requests": len(latencies)}
+
+
+async def server_stats(url: str) -> dict:
+    async with EngineClient(url) as client:
+        return await client.server_info()
+
+
+def bench_size(size: str, args: argparse.Namespace, workdir: Path) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model_dir = init_model(workdir / size, size, seed=0)
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    vocab = model.config.vocab_size
+    prompt, new = args.prompt_tokens, args.new_tokens[size]
+    rng = random.Random(0)
+    out: dict = {"model": {"size": size, "parameters": sum(p.numel() for p in model.parameters()),
+                           "prompt_tokens": prompt, "new_tokens": new}}
+
+    # the floor: one request at a time
+    n_seq = 2 if args.quick else 4
+    seconds = 0.0
+    before = load()
+    for ids, g in make_requests(rng, vocab, n_seq, prompt, new, varied=False):
+        seconds += hf_generate(model, torch.tensor([ids]), g)
+    out["hf_sequential"] = {"tokens_per_s": round(n_seq * new / seconds, 1), "requests": n_seq,
+                            "load_before": before, "load_after": load()}
+    # the ceiling: one static batch of 32 equal prompts
+    batch = torch.tensor([ids for ids, _ in make_requests(rng, vocab, 32, prompt, new, varied=False)])
+    hf_generate(model, batch[:2], 4)  # warm-up
+    before = load()
+    seconds = hf_generate(model, batch, new)
+    out["hf_static_batch"] = {"tokens_per_s": round(32 * new / seconds, 1), "batch": 32,
+                              "load_before": before, "load_after": load()}
+    del model
+
+    config = EngineConfig(device="cpu", hf=HFEngineOptions(max_running_requests=64, threads=args.threads,
+                                                           dtype="float32"))
+    with HFDriver(config, log_dir=str(workdir / f"logs-{size}")) as driver:
+        [url] = driver.launch("bench", str(model_dir), ["cpu"])
+        anyio.run(run_streams, url, [[(batch[0].tolist(), 4)]], 0.0)  # warm-up
+        before = load()
+        static = anyio.run(run_streams, url, [[(row.tolist(), new)] for row in batch], 0.0)
+        out["engine_static_batch"] = {**static, "load_before": before, "load_after": load()}
+        for n in args.streams:
+            per_stream = args.requests_per_stream
+            streams = [make_requests(rng, vocab, per_stream, prompt, new, varied=True) for _ in range(n)]
+            stats0 = anyio.run(server_stats, url)
+            before = load()
+            result = anyio.run(run_streams, url, streams, args.stagger)
+            stats1 = anyio.run(server_stats, url)
+            steps = stats1["decode_steps"] - stats0["decode_steps"]
+            generated = stats1["generated_tokens"] - stats0["generated_tokens"]
+            out[f"engine_streams_{n}"] = {**result, "mean_batch": round(generated / max(steps, 1), 1),
+                                          "load_before": before, "load_after": load()}
+            print(f"  {size} streams={n}: {result['tokens_per_s']} tok/s", flush=True)
+    seq, ceiling = out["hf_sequential"]["tokens_per_s"], out["hf_static_batch"]["tokens_per_s"]
+    at32 = out.get("engine_streams_32", {}).get("tokens_per_s")
+    out["targets"] = {
+        "streams32_vs_sequential": round(at32 / seq, 2) if at32 else None,
+        "streams32_vs_static_batch": round(at32 / ceiling, 3) if at32 else None,
+        "engine_static_vs_hf_static": round(out["engine_static_batch"]["tokens_per_s"] / ceiling, 3),
+        "goal": "streams32_vs_sequential >= 5 and streams32_vs_static_batch >= 0.7",
+    }
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny only, fewer and shorter requests")
+    parser.add_argument("--sizes", nargs="+", default=None, choices=["tiny", "small"])
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of every run (1: on a shared machine OpenMP spinning distorts more)")
+    parser.add_argument("--streams", nargs="+", type=int, default=[1, 8, 32, 64])
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args()
+    args.sizes = args.sizes or (["tiny"] if args.quick else ["tiny", "small"])
+    args.prompt_tokens = 64
+    args.new_tokens = {"tiny": 64, "small": 32} if args.quick else {"tiny": 128, "small": 64}
+    args.requests_per_stream = 2 if args.quick else 3
+    args.stagger = 0.02
+    results = {
+        "benchmark": "engine_throughput",
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
+                    "torch": torch.__version__, "threads": args.threads, "load_at_start": load()},
+        "parameters": {"quick": args.quick, "streams": args.streams, "requests_per_stream": args.requests_per_stream,
+                       "stagger_s": args.stagger, "prompt_tokens": "uniform [P/2, 3P/2] per request",
+                       "new_tokens": "uniform [G/2, 3G/2] per request (streams); G (static)",
+                       "dtype": "float32", "temperature": 1.0},
+        "sizes": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="engine-bench-") as tmp:
+        for size in args.sizes:
+            print(f"benchmarking {size} ...", flush=True)
+            results["sizes"][size] = bench_size(size, args, Path(tmp))
+            t = results["sizes"][size]["targets"]
+            print(f"  {size}: 32 streams = {t['streams32_vs_sequential']}x sequential, "
+                  f"{t['streams32_vs_static_batch']} of the static batch", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
