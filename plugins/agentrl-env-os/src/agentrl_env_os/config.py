@@ -1,0 +1,54 @@
+"""Config section ``environments.os``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from attrs import field, frozen
+
+from agentrl_core.structure import check, in_range
+
+_MEMORY_UNITS = ("b", "k", "m", "g")
+
+
+def _memory_ok(value: str) -> bool:
+    value = value.strip().lower()
+    number = value[:-1] if value[-1:] in _MEMORY_UNITS else value
+    return number.isdigit() and int(number) > 0
+
+
+@frozen
+class OSConfig:
+    """Settings of the ``os`` environment (all optional).
+
+    The defaults follow AgentBench FC: 8 rounds, a 30 s limit per shell command, 1 GiB of
+    memory per container, tool output truncated to 780 characters past 800.
+    """
+
+    backend: Literal["docker"] = "docker"
+    #: Docker endpoint; ``None`` uses ``DOCKER_HOST`` or the local socket.
+    docker_host: str | None = None
+    #: Repository prefix of the images ``agentrl-env-os build-images`` creates.
+    image_prefix: str = field(default="agentrl-os", validator=check(lambda v: v and v == v.lower(), "must be a lowercase image name"))
+    #: Image tag; ``None`` uses the content hash of this package's image recipe.
+    image_tag: str | None = None
+    round_limit: int = field(default=8, validator=in_range(1))
+    #: Seconds an agent's command may run before it is interrupted (the episode continues).
+    command_timeout_s: float = field(default=30.0, validator=in_range(0, lo_open=True))
+    #: Seconds to wait for the prompt after Ctrl-C before the shell is restarted.
+    interrupt_grace_s: float = field(default=5.0, validator=in_range(0, lo_open=True))
+    #: Limit for one init, check or example script (run with `docker exec`).
+    script_timeout_s: float = field(default=120.0, validator=in_range(0, lo_open=True))
+    #: Tool output longer than ``output_limit`` characters keeps its first ``output_keep``.
+    output_limit: int = field(default=800, validator=in_range(1))
+    output_keep: int = field(default=780, validator=in_range(0))
+    memory: str = field(default="1g", validator=check(_memory_ok, "must be a size like 512m or 1g"))
+    cpus: float = field(default=1.0, validator=in_range(0.01))
+    pids_limit: int = field(default=512, validator=in_range(16))
+    #: A container removes itself after this many seconds even if nobody closes it.
+    container_lifetime_s: int = field(default=3 * 3600, validator=in_range(60))
+    concurrency: int = field(default=32, validator=in_range(1))
+    #: Remove containers left by dead workers of this host when the environment starts.
+    sweep_on_start: bool = True
+    #: Folder holding the task data (``data/``, ``scripts/``, ``train_0317/``); default: the wheel's.
+    data_dir: str | None = None
