@@ -27,10 +27,11 @@ from agentrl_core._version import __version__
 from agentrl_core.config import ControllerConfig
 from agentrl_core.env import _wire
 from agentrl_core.env._http import App, HTTPError, Request, Response, bind_socket, dumps, json_response, serve_app
-from agentrl_core.env._httpclient import ConnectFailed, ConnectionBroken, RequestTimeout, TransportError
+from agentrl_core.env._httpclient import ConnectFailed, ConnectionBroken, TransportError
 from agentrl_core.env._metrics import Metrics
 from agentrl_core.env._openapi import controller_openapi
 from agentrl_core.env._state import Session, State, Worker, WorkerState
+from agentrl_core.env._upkeep import Upkeep
 from agentrl_core.types import Status
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,8 @@ class Controller:
         self.state = State(connect_timeout=self.config.connect_timeout, tombstones=self.config.finished_sessions_kept)
         self.metrics = Metrics()
         self.started = time.time()
-        self._background: set[asyncio.Task] = set()
         self.app = App(name="controller", max_body_bytes=self.config.max_body_bytes)
+        self.upkeep = Upkeep(self.state, self.config, self.metrics)
         self.app.observe = self.metrics.observe
         for method, path, handler in self.routes():
             self.app.route(method, path, handler)
@@ -108,7 +109,7 @@ class Controller:
                     "POST", f"{worker.path}/start_sample", payload, timeout=self.config.start_timeout)
             except (ConnectFailed, ConnectionBroken) as exc:  # dead worker: another one may take it
                 self.state.end(session, "its worker could not be reached")
-                self._lose_worker(worker, str(exc))
+                self.upkeep.lose_worker(worker, str(exc))
                 continue
             except TransportError as exc:
                 self._start_failed(session, worker, exc)
@@ -118,7 +119,7 @@ class Controller:
                 session.busy = False
             if response.status == 406:  # our count was off: re-sync it, try another worker
                 self.state.end(session, "its worker was full")
-                self._spawn(self.reconcile(worker))
+                self.upkeep.spawn(self.upkeep.reconcile(worker))
                 continue
             if response.status != 200:
                 self.state.end(session, "its worker refused to start it")
@@ -186,7 +187,7 @@ class Controller:
         self.metrics.finished(session.task, Status.CANCELLED.value)
         if session.lost is None:
             self.state.hold_for_cancel(session)
-            await self._cancel_on_worker(session.worker, sid)
+            await self.upkeep.cancel_on_worker(session.worker, sid)
         return {"session_id": sid, "cancelled": True}
 
     async def cancel_all(self, request: Request) -> Any:
@@ -206,7 +207,7 @@ class Controller:
             self.metrics.finished(session.task, Status.CANCELLED.value)
             cancelled += 1
         workers = [w for n in names for w in self.state.tasks[n].workers.values() if w.state is not WorkerState.DEAD]
-        await asyncio.gather(*(self._cancel_all_on(worker) for worker in workers))
+        await asyncio.gather(*(self.upkeep.cancel_all_on(worker) for worker in workers))
         return {"cancelled": cancelled, "tasks": names}
 
     async def cancel_notice(self, request: Request) -> Any:
@@ -237,13 +238,13 @@ class Controller:
             except ValueError as exc:
                 raise HTTPError(400, f"the worker address is invalid: {exc}") from None
             log.info("worker %s registered task %r at %s (concurrency %d)", worker.id, name, address, concurrency)
-            self._spawn(self.reconcile(worker))  # adopt what it still runs (e.g. after our restart)
+            self.upkeep.spawn(self.upkeep.reconcile(worker))  # adopt what it still runs (e.g. after our restart)
         else:
             worker.last_heartbeat = time.monotonic()
             worker.capacity = concurrency
             if (worker.state is not WorkerState.ALIVE or not worker.ready) and not worker.syncing:
                 log.info("worker %s of task %r is back; re-syncing its sessions", worker.id, name)
-                self._spawn(self.reconcile(worker))
+                self.upkeep.spawn(self.upkeep.reconcile(worker))
         return {"worker_id": worker.id, "status": int(worker.state)}
 
     async def mark_stale(self, request: Request) -> Any:
@@ -270,7 +271,7 @@ class Controller:
 
     async def sync_all(self, request: Request) -> Any:
         workers = [w for w in self.state.workers() if w.state is not WorkerState.DEAD]
-        results = await asyncio.gather(*(self.reconcile(w) for w in workers))
+        results = await asyncio.gather(*(self.upkeep.reconcile(w) for w in workers))
         return {str(w.id): ok for w, ok in zip(workers, results, strict=True)}
 
     async def version(self, request: Request) -> Any:
@@ -330,10 +331,10 @@ class Controller:
         """The session is gone or broken: answer task error, free it, tell the worker."""
         reason = f"worker {session.worker.id} failed: {problem}"
         if isinstance(problem, ConnectFailed | ConnectionBroken):
-            self._lose_worker(session.worker, str(problem))
+            self.upkeep.lose_worker(session.worker, str(problem))
         elif self.state.sessions.get(session.id) is session and session.lost is None:
             self.state.hold_for_cancel(session)
-            self._spawn(self._cancel_on_worker(session.worker, session.id))
+            self.upkeep.spawn(self.upkeep.cancel_on_worker(session.worker, session.id))
         if self.state.sessions.get(session.id) is session:
             self.state.end(session, f"it failed: {reason}")
         self.metrics.finished(session.task, Status.TASK_ERROR.value)
@@ -344,139 +345,7 @@ class Controller:
         if self.state.sessions.get(session.id) is session:
             self.state.end(session, f"it failed to start: {problem}")
             self.state.hold_for_cancel(session)
-            self._spawn(self._cancel_on_worker(worker, session.id))
-
-    def _lose_worker(self, worker: Worker, reason: str) -> None:
-        if worker.state is not WorkerState.DEAD:
-            log.warning("worker %s of task %r at %s is unreachable: %s", worker.id, worker.task, worker.address, reason)
-            self.metrics.worker_lost(worker.task)
-        self.state.lose_worker(worker, reason)
-
-    async def _cancel_on_worker(self, worker: Worker, sid: int) -> None:
-        """Ask the worker to cancel ``sid``; its slot is freed on confirmation."""
-        headers = [("session_id", str(sid))]
-        timeout = self.config.cancel_timeout
-        try:
-            response = await worker.pool.request_json(
-                "POST", f"{worker.path}/cancel_with_notice", {"session_id": sid}, headers=headers, timeout=timeout)
-            if response.status == 200:
-                return  # the worker posts cancel_notice when the session is closed
-            response = await worker.pool.request_json(
-                "POST", f"{worker.path}/cancel", {"session_id": sid}, headers=headers, timeout=timeout)
-        except (ConnectFailed, ConnectionBroken) as exc:
-            self._lose_worker(worker, str(exc))
-            return
-        except RequestTimeout:
-            log.warning("worker %s did not confirm the cancel of session %s in %s s", worker.id, sid, timeout)
-            return  # the slot stays held until reconciliation finds the session gone
-        self.state.cancel_confirmed(sid)  # cancelled now, or the worker never had it
-
-    async def _cancel_all_on(self, worker: Worker) -> None:
-        try:
-            response = await worker.pool.request_json(
-                "POST", f"{worker.path}/cancel_all", None, timeout=max(self.config.cancel_timeout, 30.0))
-        except (ConnectFailed, ConnectionBroken) as exc:
-            self._lose_worker(worker, str(exc))
-            return
-        except RequestTimeout:
-            log.warning("worker %s did not finish cancel_all in time; reconciling later", worker.id)
-            return
-        if response.status == 200:
-            for sid in list(worker.cancelling):
-                self.state.cancel_confirmed(sid)
-
-    async def reconcile(self, worker: Worker) -> bool:
-        """Make our view of ``worker`` match its own session list (adopt, lose, confirm)."""
-        if worker.syncing:
-            return False
-        worker.syncing = True
-        asked = time.monotonic()
-        try:
-            response = await worker.pool.request("GET", f"{worker.path}/get_sessions",
-                                                 timeout=max(self.config.cancel_timeout, 5.0))
-            reported = {_wire.parse_session_id(k): v for k, v in response.json().items()} if response.status == 200 else None
-        except TransportError as exc:
-            self._lose_worker(worker, str(exc))
-            return False
-        except (ValueError, AttributeError, HTTPError):
-            reported = None
-        finally:
-            worker.syncing = False
-        if reported is None:  # it is up but cannot list its sessions: serve it unreconciled
-            log.warning("worker %s of task %r answered get_sessions badly; not reconciled", worker.id, worker.task)
-            worker.ready = True
-            return False
-        for sid, session in list(worker.sessions.items()):
-            if sid not in reported and not session.busy and session.last_update < asked:
-                session.lost = f"worker {worker.id} no longer holds session {sid}"
-                del worker.sessions[sid]
-        for sid in [s for s in worker.cancelling if s not in reported]:
-            self.state.cancel_confirmed(sid)
-        for sid, index in reported.items():
-            if sid in worker.sessions or sid in worker.cancelling:
-                continue
-            known = self.state.sessions.get(sid)
-            if known is None and self.state.why_gone(sid) is None:
-                self.state.adopt(sid, worker.task, index, worker)
-            elif known is not None and known.lost is None:
-                continue  # live on another worker entry (cannot happen with our ids): leave it
-            else:  # a session we ended or gave up as lost: it must not hold the slot
-                self.state.cancel_confirmed(sid)
-                worker.cancelling.add(sid)
-                self.state.pending_cancels[sid] = worker
-                self._spawn(self._cancel_on_worker(worker, sid))
-        if time.monotonic() - worker.last_heartbeat <= self.config.unresponsive_after:
-            worker.state = WorkerState.ALIVE
-        worker.ready = True
-        return True
-
-    # -- background -------------------------------------------------------------------------
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("controller background task failed", exc_info=task.exception())
-
-    def check(self, now: float | None = None) -> None:
-        """One pass of the monitor: worker liveness, removal, idle expiry, stuck cancels."""
-        now = time.monotonic() if now is None else now
-        cfg = self.config
-        for worker in list(self.state.workers()):
-            silent = now - worker.last_heartbeat
-            if silent > cfg.remove_after:
-                log.warning("removing worker %s of task %r: no heartbeat for %.0f s", worker.id, worker.task, silent)
-                self.state.remove_worker(worker, f"worker {worker.id} sent no heartbeat for {silent:.0f} s")
-            elif silent > cfg.unresponsive_after and worker.state is WorkerState.ALIVE:
-                log.warning("worker %s of task %r is unresponsive: no heartbeat for %.1f s", worker.id, worker.task, silent)
-                worker.state = WorkerState.UNRESPONSIVE
-            elif worker.cancelling and now - worker.cancel_since > cfg.cancel_notice_timeout and not worker.syncing:
-                worker.cancel_since = now
-                self._spawn(self.reconcile(worker))
-        idle = cfg.idle_session_timeout
-        for session in [s for s in self.state.sessions.values() if not s.busy and now - s.last_update > idle]:
-            self.state.end(session, f"it expired after {idle:g} s without a call")
-            self.metrics.finished(session.task, Status.CANCELLED.value)
-            if session.lost is None:
-                self.state.hold_for_cancel(session)
-                self._spawn(self._cancel_on_worker(session.worker, session.id))
-
-    async def _monitor(self) -> None:
-        cfg = self.config
-        interval = max(0.05, min(1.0, cfg.unresponsive_after / 4, cfg.idle_session_timeout / 4))
-        while True:
-            await asyncio.sleep(interval)
-            self.check()
-
-    async def _reconcile_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.reconcile_interval)
-            for worker in [w for w in self.state.workers() if w.state is WorkerState.ALIVE]:
-                self._spawn(self.reconcile(worker))
+            self.upkeep.spawn(self.upkeep.cancel_on_worker(worker, session.id))
 
     async def serve(
         self,
@@ -489,13 +358,14 @@ class Controller:
     ) -> None:
         """Listen and serve until stopped (SIGTERM/SIGINT or ``stop``)."""
         sock = sock or bind_socket(host or self.config.host, self.config.port if port is None else port)
-        loops = [asyncio.ensure_future(self._monitor()), asyncio.ensure_future(self._reconcile_loop())]
+        loops = [asyncio.ensure_future(self.upkeep.monitor()), asyncio.ensure_future(self.upkeep.reconcile_loop())]
         if on_ready is not None:
             on_ready(sock.getsockname())
         try:
             await serve_app(self.app, sock, stop=stop)
         finally:
-            for task in [*loops, *self._background]:
+            self.upkeep.close()
+            for task in loops:
                 task.cancel()
             for task in loops:
                 with contextlib.suppress(asyncio.CancelledError):
