@@ -258,6 +258,8 @@ def compose_instruction(type_phrase: str, attributes: list[str], options: list[t
     art = _article(type_phrase, rng)
     verb = "are" if _plural(type_phrase) else "is"
     shape = rng.randrange(4) if adjectives else 0
+    if shape == 0 and adjectives and adjectives[-1].split()[-1] == type_phrase.split()[0]:
+        shape = 1  # not "human hair hair bundles"
     if not adjectives:
         text = f"{opener} {art}{type_phrase}{tail}"
     elif shape == 0:
@@ -280,7 +282,8 @@ def compose_instruction(type_phrase: str, attributes: list[str], options: list[t
 
 def build_goals(items: list[dict], ins_v2: dict[str, dict], heads: dict[str, tuple[str, str]], rng: random.Random,
                 index: SearchIndex) -> tuple[dict[str, list[dict]], Counter]:
-    """One findable human-style instruction per product with attributes (items_human_ins format)."""
+    """Findable human-style instructions (items_human_ins format): one per product with
+    attributes, and a second one, with other option values, for products with options."""
     products = {p["asin"]: p for p in load_products(items, ins_v2)}
     human: dict[str, list[dict]] = {}
     stats: Counter = Counter()
@@ -297,35 +300,42 @@ def build_goals(items: list[dict], ins_v2: dict[str, dict], heads: dict[str, tup
         if not sayable:
             stats["attributes only repeat the type"] += 1
             continue
-        chosen = rng.sample(sayable, k=min(len(sayable), rng.choice((1, 1, 2, 2, 3))))
-        options = []
         groups = list(product["options"].items())
-        if groups:
-            keep = groups if rng.random() < 0.7 else rng.sample(groups, k=rng.randint(1, len(groups)))
-            options = [(g, rng.choice(values)) for g, values in keep]
-        variants = []
-        if brand and rng.random() < 0.3:
-            variants.append(f"{brand} {type_phrase}")
-        variants.append(type_phrase)
-        if brand:
-            variants.append(f"{brand} {type_phrase}")
-        variants += [f"{_title_words(item['name'], 6)} {type_phrase}", f"{_title_words(item['name'], 10)} {type_phrase}"]
-        for attempt, phrase in enumerate(dict.fromkeys(variants)):
-            state = rng.getstate()
-            text = compose_instruction(phrase, chosen, options, rng)
-            if asin in index.search(instruction_keywords(text), TOP_N):
-                stats[f"findable at attempt {attempt}"] += 1
-                human[asin] = [{
-                    "asin": asin,
-                    "instruction": text,
-                    "instruction_attributes": chosen,
-                    "instruction_options": [v for _, v in options],
-                }]
-                break
-            rng.setstate(state)  # the wording stays the same whichever variant is tried
-        else:
-            stats["unfindable"] += 1
+        instructions = []
+        for _ in range(2 if groups else 1):
+            instruction = _findable_instruction(item, brand, type_phrase, sayable, groups, rng, index, stats)
+            if instruction is not None and instruction not in instructions:
+                instructions.append(instruction)
+        if instructions:
+            human[asin] = instructions
     return human, stats
+
+
+def _findable_instruction(item: dict, brand: str, type_phrase: str, sayable: list[str], groups: list, rng: random.Random,
+                          index: SearchIndex, stats: Counter) -> dict | None:
+    asin = item["asin"]
+    chosen = rng.sample(sayable, k=min(len(sayable), rng.choice((1, 1, 2, 2, 3))))
+    options = []
+    if groups:
+        keep = groups if rng.random() < 0.7 else rng.sample(groups, k=rng.randint(1, len(groups)))
+        options = [(g, rng.choice(values)) for g, values in keep]
+    variants = []
+    if brand and rng.random() < 0.3:
+        variants.append(f"{brand} {type_phrase}")
+    variants.append(type_phrase)
+    if brand:
+        variants.append(f"{brand} {type_phrase}")
+    variants += [f"{_title_words(item['name'], 6)} {type_phrase}", f"{_title_words(item['name'], 10)} {type_phrase}"]
+    for attempt, phrase in enumerate(dict.fromkeys(variants)):
+        state = rng.getstate()
+        text = compose_instruction(phrase, chosen, options, rng)
+        if asin in index.search(instruction_keywords(text), TOP_N):
+            stats[f"findable at attempt {attempt}"] += 1
+            return {"asin": asin, "instruction": text, "instruction_attributes": chosen,
+                    "instruction_options": [v for _, v in options]}
+        rng.setstate(state)  # the wording stays the same whichever variant is tried
+    stats["unfindable"] += 1
+    return None
 
 
 def _gzip_json(data: Any) -> bytes:

@@ -315,8 +315,9 @@ ATTRIBUTE_PHRASES: tuple[str, ...] = (
     "big and tall", "extra large", "large capacity", "gift set", "variety pack", "value pack", "family size",
     "unscented", "scented", "natural", "spicy", "sweet", "salted", "unsalted", "roasted", "smoked",
     "whole bean", "decaf", "hd", "led", "smart", "digital", "compact", "mini", "slim",
-    "foldable", "reversible", "waterproof", "winter", "summer",
+    "foldable", "reversible", "winter", "summer",
 )
+assert len(set(ATTRIBUTE_PHRASES)) == len(ATTRIBUTE_PHRASES), "duplicate attribute phrase"
 
 # How an attribute reads in an instruction: "for <phrase>" and "with <phrase>" attributes
 # follow the product type ("shoes with arch support for daily wear"); the rest are adjectives.
