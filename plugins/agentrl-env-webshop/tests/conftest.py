@@ -19,7 +19,7 @@ def bundled_env(tmp_path_factory) -> WebShopEnvironment:
     return WebShopEnvironment(WebShopConfig(index_cache_dir=str(tmp_path_factory.mktemp("index"))))
 
 
-def product_record(asin: str, name: str, *, pricing: str = "$10.00", options=None, query: str = "towels",
+def _product_record(asin: str, name: str, *, pricing: str = "$10.00", options=None, query: str = "towels",
                    product_category: str = "Home & Kitchen › Bath › Towels", category: str = "garden",
                    description: str = "", bullets=None) -> dict:
     """One product in the items_shuffle*.json format (all of upstream's keys)."""
@@ -38,20 +38,26 @@ def product_record(asin: str, name: str, *, pricing: str = "$10.00", options=Non
 
 
 @pytest.fixture
+def product_record():
+    """Build a product in the items_shuffle*.json format."""
+    return _product_record
+
+
+@pytest.fixture
 def tiny_catalog(tmp_path: Path) -> dict[str, Path]:
     """A six-product catalog in the three real WebShop file formats."""
     colors = [{"value": "Navy/Blue", "image": None}, {"value": "Grey", "image": None}]
     sizes = [{"value": "Small", "image": None}, {"value": "X-Large", "image": None}]
     items = [
-        product_record("B000TOWEL1", "Cotton Bath Towel Set, Quick Drying", pricing="$24.99",
+        _product_record("B000TOWEL1", "Cotton Bath Towel Set, Quick Drying", pricing="$24.99",
                        options={"Color": colors, "Size": sizes, "Style": None}),
-        product_record("B000TOWEL2", "Microfiber Bath Towel, Super Soft", pricing="$12.49 - $18.99",
+        _product_record("B000TOWEL2", "Microfiber Bath Towel, Super Soft", pricing="$12.49 - $18.99",
                        options={"Color": colors}),
-        product_record("B000SNACK1", "Organic Trail Mix Snack Pack", pricing="$8.50", query="snacks",
+        _product_record("B000SNACK1", "Organic Trail Mix Snack Pack", pricing="$8.50", query="snacks",
                        product_category="Grocery & Gourmet Food › Snack Foods", category="food"),
-        product_record("B000SNACK1", "duplicate ASIN, skipped as upstream does"),
-        product_record("nan", "bad ASIN, skipped"),
-        product_record("B000LAMP01", "Brass Desk Lamp with USB Port", pricing="", query="lamps",
+        _product_record("B000SNACK1", "duplicate ASIN, skipped as upstream does"),
+        _product_record("nan", "bad ASIN, skipped"),
+        _product_record("B000LAMP01", "Brass Desk Lamp with USB Port", pricing="", query="lamps",
                        product_category="Tools & Home Improvement › Lighting & Ceiling Fans › Lamps & Shades"),
     ]
     attributes = {

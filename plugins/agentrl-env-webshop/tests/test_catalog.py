@@ -124,11 +124,10 @@ def test_environment_on_a_real_format_catalog(tiny_catalog, tmp_path):
     assert anyio.run(main) == [1.0, 1.0, 1.0]
 
 
-def test_std_appears_when_the_goals_are_agentbenchs(tmp_path):
+def test_std_appears_when_the_goals_are_agentbenchs(tmp_path, product_record):
     """A catalog whose shuffled goals are human_goals.json's first 250 serves ``std`` (0-199)."""
     from agentrl_env_webshop.data import locate_shipped
 
-    from tests.conftest import product_record
 
     reference = json.loads(locate_shipped("human_goals.json").read_text())[:250]
     order = list(range(250))

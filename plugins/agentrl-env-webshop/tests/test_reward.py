@@ -9,8 +9,6 @@ import pytest
 from agentrl_env_webshop.catalog import load_products
 from agentrl_env_webshop.reward import default_nouns, get_option_reward, get_reward, get_type_reward
 
-from tests.conftest import product_record
-
 
 def nouns_by_table(table):
     """A labelled test double for the tagger: fixed noun lists, so type scores are hand-computable."""
@@ -18,7 +16,7 @@ def nouns_by_table(table):
 
 
 @pytest.fixture
-def towel():
+def towel(product_record):
     items = [product_record(
         "B000TOWEL1", "Cotton Bath Towel Set, Quick Drying", pricing="$24.99",
         options={"Color": [{"value": "Navy/Blue"}, {"value": "Grey"}], "Size": [{"value": "Small"}, {"value": "X-Large"}]},
