@@ -6,8 +6,6 @@ import pytest
 from agentrl_env_db.config import DBConfig
 from agentrl_env_db.server import PrivateMariaDB
 
-pytest_plugins = ["agentrl_core.testing"]
-
 
 @pytest.fixture(scope="session")
 def mariadb():

@@ -52,6 +52,14 @@ def _which(names: tuple[str, ...]) -> str | None:
     return None
 
 
+def _roomy(path: str, need_mb: int = 512) -> bool:
+    """A writable folder with room for a small server (containers often have a 64 MB /dev/shm)."""
+    if not (os.path.isdir(path) and os.access(path, os.W_OK)):
+        return False
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize >= need_mb << 20
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -64,7 +72,7 @@ class PrivateMariaDB:
         self.install_bin = _which(INSTALL_BINARIES)
         if self.server_bin is None or self.install_bin is None:
             raise EnvError(MISSING)
-        if base_dir is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        if base_dir is None and _roomy("/dev/shm"):
             base_dir = "/dev/shm"
         self.base_dir = base_dir
         self.startup_timeout = startup_timeout
@@ -89,7 +97,7 @@ class PrivateMariaDB:
         user = ["--user=root"] if os.geteuid() == 0 else []
         install = subprocess.run(
             [self.install_bin, "--no-defaults", f"--datadir={datadir}", *user,
-             "--auth-root-authentication-method=normal", "--skip-test-db"],
+             "--auth-root-authentication-method=normal", "--skip-test-db", "--innodb-log-file-size=16M"],
             capture_output=True, text=True,
         )
         if install.returncode != 0:
