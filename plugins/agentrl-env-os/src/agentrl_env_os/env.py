@@ -94,6 +94,8 @@ def format_observation(result: ShellResult, config: OSConfig) -> str:
         notes.append(f"[The shell exited; a new shell was started: {reset}.]")
     if result.unresponsive:
         notes.append("[The system is not responding: no new process can start (its process or memory limit is exhausted).]")
+    if notes:  # the newline bash prints after Ctrl-C would leave a blank line before the note
+        body = body.rstrip("\n")
     return "\n".join([body, *notes])
 
 
