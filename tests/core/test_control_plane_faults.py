@@ -7,6 +7,9 @@ children's PYTHONPATH, so the workers load it exactly as they load an installed 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import textwrap
 import time
 
@@ -301,3 +304,17 @@ async def test_unknown_route_and_wrong_method(plane):
         one_sentence(await http.post(f"{plane.url}/no_such_route", json={}), 404, "there is no route")
         body = json.loads((await http.get(f"{plane.url}/get_indices")).text)
         assert "name=<task>" in body["detail"]
+
+
+def test_command_line_errors_are_one_sentence(plugin_env, plane):
+    def agentrl(*args):
+        out = subprocess.run([sys.executable, "-m", "agentrl_core.cli.main", *args], capture_output=True, text=True,
+                             env={**os.environ, **plugin_env}, timeout=60)
+        assert out.returncode == 1, out.stderr
+        return out.stderr.strip().splitlines()[-1]
+
+    assert "unknown environment 'nope'" in agentrl("worker", "--env", "nope", "--controller", plane.url)
+    assert "has no index set 'dev'; available: std" in agentrl("worker", "--env", "cptest", "--split", "dev",
+                                                                "--controller", plane.url)
+    port = plane.url.rsplit(":", 1)[1].split("/")[0]
+    assert f"cannot listen on 127.0.0.1:{port}" in agentrl("controller", "--port", port)
