@@ -384,3 +384,27 @@ async def test_observability_routes_and_openapi_cover_every_route():
     documented = {(method, path) for path, ops in document["paths"].items() for method in ops}
     assert routes == documented
     assert json.dumps(controller_openapi("x"))  # serializable
+
+
+async def test_sessions_start_during_a_slow_reconciliation_and_survive_it():
+    env = EchoEnv()
+    async with local_control_plane(fast_config()) as plane:
+        worker = await plane.add_worker(env, "std")
+        answer_sessions = worker.app.routes[("GET", "/api/get_sessions")]
+        asked, release = anyio.Event(), anyio.Event()
+
+        async def slow_get_sessions(request):  # the real answer, computed now, delivered late
+            listed = await answer_sessions(request)
+            asked.set()
+            await release.wait()
+            return listed
+
+        worker.app.routes[("GET", "/api/get_sessions")] = slow_get_sessions
+        async with ControllerClient(plane.url) as client:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client._call, "POST", "sync_all")
+                await asked.wait()
+                started = await client.start("echo-std", 1)  # not refused while the worker is re-synced
+                release.set()
+            result = await client.interact(started.session_id, ping(8))  # not judged lost by the older list
+            assert result.status is Status.RUNNING and result.messages[0]["content"] == "pong 8"

@@ -59,7 +59,8 @@ class Worker:
         return self.capacity - self.current
 
     def dispatchable(self) -> bool:
-        return self.state is WorkerState.ALIVE and self.ready and not self.stale and not self.syncing
+        # Not blocked while syncing: reconciliation skips sessions created after it asked.
+        return self.state is WorkerState.ALIVE and self.ready and not self.stale
 
     def state_name(self) -> str:
         if self.state is WorkerState.ALIVE:

@@ -115,8 +115,9 @@ class Controller:
                 self._start_failed(session, worker, exc)
                 raise HTTPError(504, f"worker {worker.id} of task {name!r} did not start the session within "
                                      f"{self.config.start_timeout:g} s") from None
-            finally:
+            finally:  # a reconciliation running meanwhile must not judge this session by an older list
                 session.busy = False
+                session.last_update = time.monotonic()
             if response.status == 406:  # our count was off: re-sync it, try another worker
                 self.state.end(session, "its worker was full")
                 self.upkeep.spawn(self.upkeep.reconcile(worker))
@@ -315,11 +316,13 @@ class Controller:
 
     def _no_capacity(self, name: str) -> str:
         workers = list(self.state.tasks[name].workers.values()) if name in self.state.tasks else []
-        alive = [w for w in workers if w.state is WorkerState.ALIVE and not w.stale]
-        if not alive:
-            return f"task {name!r} has no live worker ({len(workers)} registered, none alive and accepting sessions)"
-        used, cap = sum(w.current for w in alive), sum(w.capacity for w in alive)
-        return f"every worker of task {name!r} is full ({used} of {cap} slots in use on {len(alive)} workers); retry later"
+        open_ = [w for w in workers if w.dispatchable()]
+        if open_:
+            used, cap = sum(w.current for w in open_), sum(w.capacity for w in open_)
+            return (f"every worker of task {name!r} is full ({used} of {cap} slots in use on {len(open_)} workers); "
+                    "retry later")
+        states = sorted({w.state_name() for w in workers})
+        return f"task {name!r} has no live worker taking sessions ({len(workers)} registered: {', '.join(states)})"
 
     def _finish(self, session: Session, out: dict[str, Any]) -> None:
         status = out.get("status") if isinstance(out.get("status"), str) else Status.UNKNOWN.value
