@@ -212,6 +212,7 @@ def test_single_process_layouts_match_reference(tiny_model_dir, world_of_one, la
         tiny_model_dir, train=TrainConfig(device="cpu", max_tokens_per_micro_batch=70), optim=OptimConfig(lr=LR),
         loss=LOSS, temperature=TEMPERATURE, layout=layout,
     )
+    assert learner.attn_implementation == ("agentrl_packed" if layout == "packed" else "sdpa")
     metrics = learner.forward_backward(samples)
     assert metrics["micro_batches"] >= 2
     assert (metrics["padding_waste"] == 0.0) == (layout == "packed")

@@ -193,6 +193,8 @@ class MicroBatch:
     tensors (``loss_mask``, ``old_logprobs``, ``advantages``) are ``[B, L]``. The loss
     tokens are listed by ``target_seq``/``target_pos`` (where they live in ``[B, L]``),
     ``target_row``/``target_col`` (the logit that predicts them) and ``target_ids``.
+    ``cu_seqlens`` (packed only) are the sequence boundaries in the row, ``[0, n1, n1+n2,
+    ...]``, for varlen attention (:mod:`agentrl_core.train.packed_attention`).
     """
 
     input_ids: torch.Tensor
@@ -208,6 +210,8 @@ class MicroBatch:
     target_ids: torch.Tensor
     num_sequences: int
     real_tokens: int
+    cu_seqlens: torch.Tensor | None = None
+    max_seqlen: int = 0
 
     @property
     def computed_tokens(self) -> int:
@@ -215,7 +219,7 @@ class MicroBatch:
 
     def to(self, device: torch.device | str) -> MicroBatch:
         for name in ("input_ids", "position_ids", "attention_mask", "loss_mask", "old_logprobs", "advantages",
-                     "target_seq", "target_pos", "target_row", "target_col", "target_ids"):
+                     "target_seq", "target_pos", "target_row", "target_col", "target_ids", "cu_seqlens"):
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, value.to(device, non_blocking=True))
@@ -240,7 +244,12 @@ def collate(samples: Sequence[TrainSample], layout: Layout = "packed", pad_token
     lengths = [len(s) for s in samples]
     width = max(lengths)
     seq, pos, row, col = [], [], [], []
+    cu_seqlens = None
     if layout == "packed":
+        bounds = [0]
+        for n in lengths:
+            bounds.append(bounds[-1] + n)
+        cu_seqlens = torch.tensor(bounds, dtype=torch.int32)
         input_ids = torch.tensor([[t for s in samples for t in s.input_ids]], dtype=torch.long)
         position_ids = torch.tensor([[p for n in lengths for p in range(n)]], dtype=torch.long)
         attention_mask = None
@@ -279,4 +288,6 @@ def collate(samples: Sequence[TrainSample], layout: Layout = "packed", pad_token
         target_ids=ids[target_seq, target_pos],
         num_sequences=len(samples),
         real_tokens=sum(lengths),
+        cu_seqlens=cu_seqlens,
+        max_seqlen=width,
     )

@@ -36,6 +36,7 @@ from agentrl_core.config import LossConfig, OptimConfig, TrainConfig
 from agentrl_core.train.batching import Layout, MicroBatchPlan, TrainSample, collate, plan_micro_batches
 from agentrl_core.train.logprobs import token_logprobs
 from agentrl_core.train.losses import batch_denominators, ppo_dual_clip
+from agentrl_core.train.packed_attention import attention_implementation
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +83,15 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> tuple[i
     return dist.get_rank(), dist.get_world_size(), dev
 
 
-def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A Hugging Face causal LM from ``path`` on the CPU, SDPA attention, in ``dtype``."""
+def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    """A Hugging Face causal LM from ``path`` on the CPU, in ``dtype``.
+
+    ``attn_implementation``: ``sdpa``, ``flash_attention_2`` or ``agentrl_packed``
+    (:mod:`agentrl_core.train.packed_attention`, per-sequence SDPA for packed rows).
+    """
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation)
 
 
 def _decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
@@ -144,7 +149,7 @@ class Learner:
         train / optim / loss: the ``train``, ``optim`` and ``loss`` config sections.
         temperature: the rollout sampling temperature (logits are divided by it).
         loss_fn: a PolicyLoss (default :func:`~agentrl_core.train.losses.ppo_dual_clip`).
-        layout: ``packed`` (default; no padding) or ``padded`` micro-batches.
+        layout: ``packed`` (no padding) or ``padded`` micro-batches; default ``train.micro_batch_layout``.
         param_dtype: compute dtype on CUDA (default bf16); the CPU always computes in fp32.
 
     :func:`init_distributed` must have run on every rank first.
@@ -159,7 +164,7 @@ class Learner:
         loss: LossConfig | None = None,
         temperature: float = 1.0,
         loss_fn: Callable[..., Any] | None = None,
-        layout: Layout = "packed",
+        layout: Layout | None = None,
         param_dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str | None = None,
     ) -> None:
@@ -170,7 +175,7 @@ class Learner:
         self.loss_config = loss or LossConfig()
         self.temperature = float(temperature)
         self.loss_fn = loss_fn or ppo_dual_clip
-        self.layout = layout
+        self.layout: Layout = layout or getattr(self.train_config, "micro_batch_layout", "packed")
         self.model_path = Path(model_path)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = torch.device(device) if device is not None else resolve_device(self.train_config.device)
@@ -178,7 +183,8 @@ class Learner:
         on_gpu = self.device.type == "cuda"
         mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if on_gpu else None
 
-        self.model = load_causal_lm(self.model_path, torch.float32)
+        self.attn_implementation = attention_implementation(self.device, self.layout)
+        self.model = load_causal_lm(self.model_path, torch.float32, self.attn_implementation)
         self.config = self.model.config
         self.pad_token_id = int(self.config.pad_token_id if self.config.pad_token_id is not None else 0)
         if self.train_config.gradient_checkpointing:
@@ -194,7 +200,7 @@ class Learner:
         self.ref_model = None
         if self.train_config.reference and self.loss_config.kl_coef > 0:
             ref_dtype = param_dtype if on_gpu else torch.float32
-            self.ref_model = shard_model(load_causal_lm(self.model_path, ref_dtype), self.mesh)
+            self.ref_model = shard_model(load_causal_lm(self.model_path, ref_dtype, self.attn_implementation), self.mesh)
             self.ref_model.to(self.device)
             self.ref_model.eval()
             self.ref_model.requires_grad_(False)

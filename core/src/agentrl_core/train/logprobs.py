@@ -63,12 +63,17 @@ def token_logprobs(
         cols, slot = torch.unique(mb.target_col, return_inverse=True)
     else:
         cols, slot = torch.zeros(1, dtype=torch.long, device=mb.input_ids.device), mb.target_col
+    varlen = {}
+    if mb.cu_seqlens is not None:  # flash-attention's varlen arguments (packed_attention reads them too)
+        varlen = dict(cu_seq_lens_q=mb.cu_seqlens, cu_seq_lens_k=mb.cu_seqlens,
+                      max_length_q=mb.max_seqlen, max_length_k=mb.max_seqlen)
     out = model(
         input_ids=mb.input_ids,
         position_ids=mb.position_ids,
         attention_mask=mb.attention_mask,
         use_cache=False,
         logits_to_keep=cols,
+        **varlen,
     )
     kept = out.logits  # [rows, len(cols), V]
     logits = kept[mb.target_row, slot].float() / temperature  # [N, V]

@@ -132,7 +132,7 @@ def _settings(config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     section = kwargs.pop("weight_sync", None) or config
     out = {}
     if section is not None:
-        out = {k: getattr(section, k) for k in ("backend", "bucket_mb", "disk_path") if hasattr(section, k)}
+        out = {k: getattr(section, k) for k in ("backend", "bucket_mb", "disk_path", "timeout_s") if hasattr(section, k)}
     out.update({k: v for k, v in kwargs.items() if v is not None})
     return out
 
