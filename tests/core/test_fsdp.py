@@ -202,16 +202,16 @@ def world_of_one():
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("layout", ["packed", "padded"])
-def test_single_process_layouts_match_reference(tiny_model_dir, world_of_one, layout):
+@pytest.mark.parametrize(("layout", "checkpointing"), [("packed", False), ("padded", False), ("packed", True)])
+def test_single_process_layouts_match_reference(tiny_model_dir, world_of_one, layout, checkpointing):
     from agentrl_core.train.learner import Learner
 
     samples = make_samples(tiny_model_dir, n=6, seed=1)
     expected = reference_run(tiny_model_dir, samples)
-    learner = Learner(
-        tiny_model_dir, train=TrainConfig(device="cpu", max_tokens_per_micro_batch=70), optim=OptimConfig(lr=LR),
-        loss=LOSS, temperature=TEMPERATURE, layout=layout,
-    )
+    train = TrainConfig(device="cpu", max_tokens_per_micro_batch=70, gradient_checkpointing=checkpointing)
+    learner = Learner(tiny_model_dir, train=train, optim=OptimConfig(lr=LR), loss=LOSS, temperature=TEMPERATURE,
+                      layout=layout)
+    assert learner.model.model.gradient_checkpointing == checkpointing
     assert learner.attn_implementation == ("agentrl_packed" if layout == "packed" else "sdpa")
     metrics = learner.forward_backward(samples)
     assert metrics["micro_batches"] >= 2
