@@ -120,3 +120,15 @@ def test_yaml_errors_are_clear(tmp_path, registry):
 def test_missing_required_key(tmp_path, registry):
     with pytest.raises(ConfigError, match=r"missing required key 'tasks\[0\].env'"):
         load_config(write(tmp_path, "tasks:\n  - split: std\n"), registry=registry)
+
+
+def test_dump_and_load_round_trip(tmp_path, registry):
+    import yaml
+
+    from agentrl_core.config import config_to_dict
+
+    path = write(tmp_path, "tasks:\n  - env: toy\nsampler:\n  name: toycross\n  toycross: {stale_ratio: 0.5}\n")
+    config = load_config(path, registry=registry)
+    dumped = tmp_path / "dumped.yaml"
+    dumped.write_text(yaml.safe_dump(config_to_dict(config)))
+    assert load_config(dumped, registry=registry) == config

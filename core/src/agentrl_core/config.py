@@ -216,6 +216,27 @@ class LoggingConfig:
 
 
 @frozen
+class EvalModelConfig:
+    """One named model of an evaluation: a checkpoint to launch engines for, or running engines."""
+
+    path: str | None = None
+    urls: list[str] = field(factory=list)
+
+
+@frozen
+class EvalConfig:
+    """``agentrl eval``: which tasks, how many repeats, which models, and how to combine them."""
+
+    tasks: list[TaskConfig] = field(factory=list)  # empty: train.eval_tasks
+    repeats: int = field(default=1, validator=in_range(1))
+    mode: Literal["single", "mix", "cross"] = "single"
+    models: dict[str, EvalModelConfig] = field(factory=dict)  # empty: {"default": model.path}
+    concurrency: int = field(default=64, validator=in_range(1))
+    temperature: float | None = field(default=None, validator=in_range(0.0))  # None: rollout.temperature
+    output_dir: str | None = None  # None: <run dir>/eval
+
+
+@frozen
 class Config:
     run: RunConfig = field(factory=RunConfig)
     model: ModelConfig = field(factory=ModelConfig)
@@ -232,6 +253,7 @@ class Config:
     weight_sync: WeightSyncConfig = field(factory=WeightSyncConfig)
     launch: LaunchConfig = field(factory=LaunchConfig)
     logging: LoggingConfig = field(factory=LoggingConfig)
+    eval: EvalConfig = field(factory=EvalConfig)
 
     def environment_config(self, env: str) -> Any:
         """The validated config object of environment ``env`` (schema defaults if absent)."""
@@ -302,9 +324,12 @@ def validate_plugin_sections(config: Config, registry: Registry, marks: Mapping[
         return structure(schema, section or {}, path=path, marks=marks)
 
     envs = {}
-    used_envs = {t.env for t in (*config.tasks, *config.train.eval_tasks)} | set(config.environments)
-    for i, task in enumerate(config.tasks):
-        spec_or_error("environment", task.env, f"tasks[{i}].env")
+    all_tasks = (*config.tasks, *config.train.eval_tasks, *config.eval.tasks)
+    used_envs = {t.env for t in all_tasks} | set(config.environments)
+    for section, tasks in (("tasks", config.tasks), ("train.eval_tasks", config.train.eval_tasks),
+                           ("eval.tasks", config.eval.tasks)):
+        for i, task in enumerate(tasks):
+            spec_or_error("environment", task.env, f"{section}[{i}].env")
     for env in sorted(used_envs):
         envs[env] = validated("environment", env, config.environments.get(env), f"environments.{env}")
 
@@ -344,5 +369,23 @@ def validate_plugin_sections(config: Config, registry: Registry, marks: Mapping[
 
 
 def config_to_dict(config: Any) -> Any:
-    """A plain, YAML-serializable dict of a (validated) config."""
-    return attrs.asdict(config, recurse=True) if attrs.has(type(config)) else config
+    """A plain, YAML-serializable dict of a (validated) config; ``load_config`` reads it back.
+
+    Extra sections (``sampler.options``) are written back at their section's level, where
+    the loader expects them.
+    """
+    if attrs.has(type(config)):
+        extra = getattr(type(config), "__extra_sections__", None)
+        out = {}
+        for f in attrs.fields(type(config)):
+            value = config_to_dict(getattr(config, f.name))
+            if f.name == extra:
+                out.update(value)
+            else:
+                out[f.alias or f.name] = value
+        return out
+    if isinstance(config, dict):
+        return {k: config_to_dict(v) for k, v in config.items()}
+    if isinstance(config, list | tuple):
+        return [config_to_dict(v) for v in config]
+    return config

@@ -1,0 +1,94 @@
+"""Per-step training metrics from the batch's trajectories (DESIGN.md section 7)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl_core.types import Trajectory
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def batch_metrics(trajectories: Sequence[Trajectory], learner_version: int) -> dict[str, float]:
+    """Reward, success, statuses, turns and tokens per task, and the version lag of action tokens.
+
+    ``learner_version`` is the version of the weights being updated (steps done so far);
+    a token sampled by version ``v`` has lag ``learner_version - v`` (0: on-policy).
+    """
+    out: dict[str, float] = {}
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        by_task[t.task].append(t)
+    lags: list[float] = []
+    lags_by_pool: dict[str, list[float]] = defaultdict(list)
+    for task, trajs in sorted(by_task.items()):
+        p = f"task/{task}/"
+        out[p + "reward"] = statistics.fmean(t.reward for t in trajs)
+        out[p + "training_reward"] = statistics.fmean(float(t.training_reward or 0.0) for t in trajs)
+        out[p + "success"] = statistics.fmean(1.0 if t.reward >= 1.0 else 0.0 for t in trajs)
+        out[p + "turns"] = statistics.fmean(t.num_turns for t in trajs)
+        out[p + "tokens"] = statistics.fmean(len(t.input_ids) for t in trajs)
+        out[p + "action_tokens"] = statistics.fmean(t.num_action_tokens for t in trajs)
+        out[p + "trajectories"] = float(len(trajs))
+        for status, n in Counter(t.status.value for t in trajs).items():
+            out[p + f"status/{status}"] = float(n)
+    for t in trajectories:
+        for turn in t.turns:
+            lag = float(learner_version - turn.version)
+            lags.extend([lag] * turn.num_tokens)
+            lags_by_pool[turn.pool].extend([lag] * turn.num_tokens)
+    all_rewards = [t.reward for t in trajectories]
+    out["reward"] = statistics.fmean(all_rewards) if all_rewards else 0.0
+    out["success"] = statistics.fmean(1.0 if r >= 1.0 else 0.0 for r in all_rewards) if all_rewards else 0.0
+    out["trajectories"] = float(len(trajectories))
+    out["tokens"] = float(sum(len(t.input_ids) for t in trajectories))
+    out["action_tokens"] = float(sum(t.num_action_tokens for t in trajectories))
+    out["turns"] = statistics.fmean(t.num_turns for t in trajectories) if trajectories else 0.0
+    if lags:
+        out["version_lag/mean"] = statistics.fmean(lags)
+        out["version_lag/p50"] = _quantile(lags, 0.5)
+        out["version_lag/p90"] = _quantile(lags, 0.9)
+        out["version_lag/max"] = max(lags)
+    for pool, values in lags_by_pool.items():
+        out[f"version_lag/{pool}/mean"] = statistics.fmean(values)
+        out[f"version_lag/{pool}/max"] = max(values)
+    return out
+
+
+def lag_histogram(trajectories: Sequence[Trajectory], learner_version: int) -> dict[int, int]:
+    """Action tokens per version lag (for the throughput benchmark's distribution)."""
+    hist: Counter[int] = Counter()
+    for t in trajectories:
+        for turn in t.turns:
+            hist[learner_version - turn.version] += turn.num_tokens
+    return dict(sorted(hist.items()))
+
+
+def sample_rollouts(trajectories: Sequence[Trajectory], tokenizer: Any, count: int) -> list[dict[str, Any]]:
+    """A few decoded rollouts for the logs: one per task first, best and worst reward."""
+    if count <= 0 or not trajectories:
+        return []
+    picked: list[Trajectory] = []
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        by_task[t.task].append(t)
+    for task in sorted(by_task):
+        ranked = sorted(by_task[task], key=lambda t: (t.reward, t.uid))
+        for t in (ranked[-1], ranked[0]):
+            if t not in picked and len(picked) < count:
+                picked.append(t)
+    return [
+        {
+            "uid": t.uid, "task": t.task, "index": t.index, "reward": t.reward, "status": t.status.value,
+            "text": tokenizer.decode(t.input_ids[t.prompt_length:], skip_special_tokens=False)[-4000:],
+        }
+        for t in picked
+    ]
