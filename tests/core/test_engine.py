@@ -216,6 +216,35 @@ def test_prefix_cache_reuses_the_previous_turn(tiny_model_dir, reference):
     assert len(results) == 2
 
 
+def test_grown_cache_and_slot_moves_after_long_requests(tiny_model_dir, reference):
+    """Requests longer than the initial cache (it grows) that finish out of slot order (slots move)."""
+    scheduler = make_scheduler(tiny_model_dir)
+    done, finished = {}, threading.Event()
+
+    def collect(c):
+        done[c.rid] = c
+        if len(done) == 3:
+            finished.set()
+
+    scheduler.pause()
+    # slots x=0, a=1, b=2. x leaves first (b moves into slot 0); then b leaves from slot 0 after the
+    # cache grew past 256 positions, and a moves from slot 1 to slot 0 with its 290 cached positions
+    for rid, n in (("x", 20), ("a", 300), ("b", 280)):
+        scheduler.submit(Request(rid, PROMPTS[1], SamplingParams(max_new_tokens=n), collect))
+    scheduler.start()
+    try:
+        scheduler.call(scheduler.resume).result(30)
+        assert finished.wait(120)
+    finally:
+        scheduler.stop()
+    assert scheduler.model.capacity > 256 and scheduler.error is None
+    for rid, n in (("x", 20), ("a", 300), ("b", 280)):
+        result = done[rid]
+        assert len(result.output_ids) == n and result.finish_reason["type"] == "length"
+        expected = reference_logprobs(reference, PROMPTS[1], result.output_ids, 1.0)
+        assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4, rtol=0), rid
+
+
 def _run(scheduler, rid, ids, params):
     box = []
     event = threading.Event()

@@ -97,6 +97,7 @@ class EngineModel:
         per = len(self.layers) * self.max_slots * self.num_kv_heads * capacity * self.head_dim
         return 2 * per * torch.finfo(self.dtype).bits // 8
 
+    @torch.inference_mode()  # the cache is an inference tensor wherever it is (re)allocated
     def _grow(self, needed: int) -> None:
         if needed <= self.capacity:
             return
@@ -111,12 +112,12 @@ class EngineModel:
             v[..., : self.capacity, :] = self.v_cache
         self.k_cache, self.v_cache, self.capacity = k, v, capacity
         if self._static_rope:  # cos/sin of every position once: the same numbers the module computes
-            with torch.inference_mode():
-                positions = torch.arange(capacity, device=self.device)[None, :]
-                cos, sin = self.rotary(torch.empty(0, dtype=self.dtype, device=self.device), positions)
+            positions = torch.arange(capacity, device=self.device)[None, :]
+            cos, sin = self.rotary(torch.empty(0, dtype=self.dtype, device=self.device), positions)
             self.cos_table, self.sin_table = cos[0], sin[0]
         log.debug("KV cache grown to %d positions per slot (%.1f MiB)", capacity, self.cache_bytes() / 2**20)
 
+    @torch.inference_mode()
     def swap_slots(self, a: int, b: int, length: int) -> None:
         """Exchange the first ``length`` cached positions of slots ``a`` and ``b``."""
         length = min(length, self.capacity)

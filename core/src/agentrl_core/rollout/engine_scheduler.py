@@ -273,17 +273,25 @@ class Scheduler:
                         self._step()
                     except Exception as exc:  # fail the requests in flight with the reason, keep serving
                         log.exception("engine step failed")
-                        self._abort(lambda r: r in self.running, f"engine error: {type(exc).__name__}: {exc}",
-                                    waiting=False, status_code=500)
+                        self._reset(f"engine error: {type(exc).__name__}: {exc}", 500)
         except BaseException as exc:
             self.error = exc
             log.exception("the engine scheduler stopped")
         finally:
             self._fail_everything()
 
+    def _reset(self, message: str, status_code: int) -> None:
+        """After a failed step: fail every running request and forget every slot (nothing is trusted)."""
+        running, self.running = self.running, []
+        self.cached.clear()
+        self.slot_len = [0] * self.max_running
+        for request in running:
+            request.slot = -1
+            self._finish(request, {"type": "abort", "message": message, "status_code": status_code})
+
     def _fail_everything(self) -> None:
         message = f"engine stopped: {self.error}" if self.error else "the engine is shutting down"
-        self._abort(lambda r: True, message, status_code=503)
+        self._reset(message, 503)
         with self._cond:
             self.waiting.extend(self._incoming)
             self._incoming = []
@@ -491,7 +499,8 @@ def sample(
 ) -> tuple[list[int], list[float]]:
     """Sample one token per row; returns the tokens and their log-probs under logits/temperature."""
     batch = logits.shape[0]
-    temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=logits.dtype)
+    device = logits.device
+    temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=logits.dtype, device=device)
     logp = torch.log_softmax(logits / temps[:, None], dim=-1)
     probs = logp.exp()
     for i, p in enumerate(params):
@@ -507,6 +516,7 @@ def sample(
         if g is not None:
             uniform[i] = torch.rand(1, dtype=probs.dtype, generator=g)
     cdf = torch.cumsum(probs, dim=-1)
+    uniform = uniform.to(device)
     choice = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True)[:, 0].clamp_(max=probs.shape[1] - 1)
     greedy = [i for i, p in enumerate(params) if p.greedy]
     if greedy:
