@@ -34,11 +34,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import learner_hooks  # noqa: E402
+import learner_hooks
 
-from agentrl_core.rollout.engine_client import EngineClient, EnginePool  # noqa: E402
-from agentrl_core.rollout.engine_server import BackgroundEngine, EngineServer  # noqa: E402
-from agentrl_core.rollout.model_init import init_model  # noqa: E402
+from agentrl_core.rollout.engine_client import EngineClient, EnginePool
+from agentrl_core.rollout.engine_server import BackgroundEngine, EngineServer
+from agentrl_core.rollout.model_init import init_model
 
 RESULTS = Path(__file__).parents[1] / "results" / "gpu_check.json"
 
