@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from agentrl_env_os.config import OSConfig
 from agentrl_env_os.env import OSEnvironment
 from agentrl_env_os.images import IMAGE_NAMES, image_ref

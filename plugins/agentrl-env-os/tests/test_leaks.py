@@ -10,15 +10,19 @@ import textwrap
 
 import anyio
 import pytest
+from agentrl_env_os.docker_backend import LABEL_WORKER
 
 from agentrl_core.env import assistant_tool_call
-from agentrl_env_os.docker_backend import LABEL_WORKER
 
 pytestmark = pytest.mark.docker
 
 
 def _containers_of(env, worker: str) -> list:
-    return env.backend.api.containers(all=True, filters={"label": [f"{LABEL_WORKER}={worker}"]})
+    """The worker's containers, except the started, unused ones of ``env``'s warm pool."""
+    env.pool.wait()  # refills started by the last sessions
+    found = env.backend.api.containers(all=True, filters={"label": [f"{LABEL_WORKER}={worker}"]})
+    idle = env.pool.idle_ids()
+    return [c for c in found if c["Id"] not in idle]
 
 
 def test_cancelled_episodes_leave_no_container(make_env):
@@ -53,10 +57,11 @@ def test_cancelled_episodes_leave_no_container(make_env):
 WORKER = textwrap.dedent(
     """
     import anyio
+    from agentrl_env_os.config import OSConfig
     from agentrl_env_os.env import OSEnvironment
 
     async def main():
-        env = OSEnvironment()
+        env = OSEnvironment(OSConfig(warm_pool=0))
         for index in (12, 13):
             session = await env.open("std", index)
             await session.start()
@@ -69,7 +74,7 @@ WORKER = textwrap.dedent(
 
 
 def test_containers_of_a_killed_worker_are_swept(make_env):
-    env = make_env()
+    env = make_env(warm_pool=0)
     proc = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True)
     try:
         worker = proc.stdout.readline().strip()
@@ -83,3 +88,30 @@ def test_containers_of_a_killed_worker_are_swept(make_env):
     assert len(_containers_of(env, worker)) == 2  # nobody closed them
     assert env.backend.sweep() == 2
     assert _containers_of(env, worker) == []
+
+
+def test_warm_pool_serves_started_containers_and_is_removed_at_close(make_env):
+    env = make_env(warm_pool=2)
+
+    async def episode() -> dict:
+        session = await env.open("std", 12)
+        try:
+            step = await session.start()
+            return step.metrics
+        finally:
+            await session.close()
+
+    async def main():
+        first = await episode()  # the pool was empty: this one created its own container
+        await anyio.to_thread.run_sync(env.pool.wait)
+        assert len(env.pool.idle_ids()) == 2
+        second = await episode()
+        return first, second
+
+    first, second = anyio.run(main)
+    assert first["warm_container"] is False and second["warm_container"] is True
+    idle = env.pool.idle_ids()
+    anyio.run(env.aclose)
+    assert env.pool.idle_ids() == set()
+    for container_id in idle:
+        assert env.backend.api.containers(all=True, filters={"id": container_id}) == []

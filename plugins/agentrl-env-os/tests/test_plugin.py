@@ -5,12 +5,6 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
-from agentrl_core.datafiles import DataFileError
-from agentrl_core.env import assistant_tool_call
-from agentrl_core.errors import ConfigError
-from agentrl_core.plugins import get_plugin_manager
-from agentrl_core.registry import Registry
 from agentrl_env_os.config import OSConfig
 from agentrl_env_os.env import TOOLS, format_observation
 from agentrl_env_os.evaluate import match_answer, script_argv
@@ -18,6 +12,12 @@ from agentrl_env_os.images import recipe_hashes
 from agentrl_env_os.oracle import OSOracle, output_of
 from agentrl_env_os.shell import ShellResult, clean_output
 from agentrl_env_os.tasks import Script, data_root, load_split
+
+from agentrl_core.datafiles import DataFileError
+from agentrl_core.env import assistant_tool_call
+from agentrl_core.errors import ConfigError
+from agentrl_core.plugins import get_plugin_manager
+from agentrl_core.registry import Registry
 
 
 def test_entry_point_is_discovered_by_a_fresh_plugin_manager():

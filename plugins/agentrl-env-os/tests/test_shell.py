@@ -7,11 +7,11 @@ import time
 import anyio
 import attrs
 import pytest
+from agentrl_env_os.env import InitScriptFailed, OSSession
+from agentrl_env_os.tasks import Script, load_split
 
 from agentrl_core.env import assistant_tool_call
 from agentrl_core.types import Status
-from agentrl_env_os.env import InitScriptFailed, OSSession
-from agentrl_env_os.tasks import Script, load_split
 
 pytestmark = pytest.mark.docker
 
@@ -130,10 +130,10 @@ def test_a_failing_init_script_is_an_infrastructure_failure(make_env):
         try:
             with pytest.raises(InitScriptFailed, match="init script 0 exited with 3: broken"):
                 await session.start()
-            name = session.name
+            container_id = session.container_id
         finally:
             await session.close()
         assert env.resource_count() == 0
-        assert env.backend.api.containers(all=True, filters={"name": name}) == []
+        assert env.backend.api.containers(all=True, filters={"id": container_id}) == []
 
     anyio.run(main)

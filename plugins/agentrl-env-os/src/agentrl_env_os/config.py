@@ -48,6 +48,8 @@ class OSConfig:
     #: A container removes itself after this many seconds even if nobody closes it.
     container_lifetime_s: int = field(default=3 * 3600, validator=in_range(60))
     concurrency: int = field(default=32, validator=in_range(1))
+    #: Started, unused containers kept ready per image (0 disables), so an episode starts at once.
+    warm_pool: int = field(default=4, validator=in_range(0))
     #: Remove containers left by dead workers of this host when the environment starts.
     sweep_on_start: bool = True
     #: Folder holding the task data (``data/``, ``scripts/``, ``train_0317/``); default: the wheel's.

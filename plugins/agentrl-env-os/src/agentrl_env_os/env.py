@@ -28,6 +28,7 @@ from agentrl_env_os.config import OSConfig
 from agentrl_env_os.docker_backend import DockerBackend
 from agentrl_env_os.evaluate import ScriptTimeout, evaluate, run_script
 from agentrl_env_os.images import image_ref
+from agentrl_env_os.pool import WarmPool
 from agentrl_env_os.shell import InteractiveShell, ShellResult, clean_output
 from agentrl_env_os.tasks import SPLITS, Task, load_split
 
@@ -117,10 +118,17 @@ class OSSession(ToolSession):
         env, task, cfg = self.env, self.task, self.env.config
         image = await env.image_for(task.image)
         t0 = time.monotonic()
-        self.env.live.add(self.name)
-        self.container_id = await env.backend.call(
-            lambda: env.backend.create(image, name=self.name, session=self.name, task=f"{task.split}/{task.index}")
-        )
+        env.live[self.name] = None  # known before creation, so a cancelled start is still cleaned up
+        self.container_id = env.pool.take(image)
+        self.stats["warm_container"] = self.container_id is not None
+        if self.container_id is not None:
+            # Named after the session like every other in-use container; idle ones keep "pool" names.
+            await env.backend.call(env.backend.api.rename, self.container_id, self.name)
+        else:
+            self.container_id = await env.backend.call(
+                lambda: env.backend.create(image, name=self.name, session=self.name, task=f"{task.split}/{task.index}")
+            )
+        env.live[self.name] = self.container_id
         self.shell = InteractiveShell(
             env.backend, self.container_id, command_timeout=cfg.command_timeout_s, interrupt_grace=cfg.interrupt_grace_s
         )
@@ -180,7 +188,7 @@ class OSSession(ToolSession):
                     await self.shell.close()
                 await self.env.backend.call(self.env.backend.remove, self.container_id or self.name)
             finally:
-                self.env.live.discard(self.name)
+                self.env.live.pop(self.name, None)
 
 
 class OSEnvironment(Environment):
@@ -190,8 +198,11 @@ class OSEnvironment(Environment):
     def __init__(self, config: OSConfig | None = None) -> None:
         super().__init__(config or OSConfig())
         self.concurrency = self.config.concurrency
+        if self.config.output_keep > self.config.output_limit:
+            raise ValueError("environments.os: output_keep must be <= output_limit")
         self.backend = DockerBackend(self.config)
-        self.live: set[str] = set()
+        self.pool = WarmPool(self.backend, self.config.warm_pool, self.config.container_lifetime_s / 2)
+        self.live: dict[str, str | None] = {}  # session name -> container id (None while creating)
         self._checked_images: dict[str, str] = {}
         self._lock = anyio.Lock()
         self._prepared = False
@@ -220,6 +231,8 @@ class OSEnvironment(Environment):
                 removed = await self.backend.call(self.backend.sweep)
                 if removed:
                     log.info("removed %d container(s) left by dead workers", removed)
+            if self.config.warm_pool:
+                self.pool.fill(await self.image_for("default"))  # 142 of the 144 std tasks use it
             self._prepared = True
 
     async def image_for(self, name: str) -> str:
@@ -244,7 +257,8 @@ class OSEnvironment(Environment):
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
-            for name in list(self.live):  # sessions nobody closed
-                await self.backend.call(self.backend.remove, name)
-                self.live.discard(name)
+            await self.backend.call(self.pool.close)
+            for name, container_id in list(self.live.items()):  # sessions nobody closed
+                await self.backend.call(self.backend.remove, container_id or name)
+                self.live.pop(name, None)
             await self.backend.call(self.backend.close)
