@@ -87,21 +87,23 @@ def make_samples(model_dir, n=10, seed=0):
     return samples
 
 
-def reference_run(model_dir, samples):
-    """Whole batch, one process, no FSDP: token-mean grads, AdamW step, seq-mean grads."""
+def reference_run(model_dir, samples, phases=(("token", "token-mean", None), ("seq", "seq-mean", None))):
+    """Whole batch, one process, no FSDP: token-mean grads, AdamW step, then the other phases'
+    grads (``(tag, aggregation, number of samples or None for all)``)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
     ref = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=ADAM_EPS, weight_decay=0.0)
-    old, adv, mask = padded(samples, "old_logprobs"), padded(samples, "advantages"), padded(samples, "loss_mask")
-    with torch.no_grad():
-        ref_logp = naive_logprobs(ref, samples)
     out = {}
-    for tag, aggregation in (("token", "token-mean"), ("seq", "seq-mean")):
+    for tag, aggregation, count in phases:
+        batch = samples[:count] if count else samples
+        old, adv, mask = padded(batch, "old_logprobs"), padded(batch, "advantages"), padded(batch, "loss_mask")
+        with torch.no_grad():
+            ref_logp = naive_logprobs(ref, batch)
         cfg = LossConfig(kl_coef=LOSS.kl_coef, entropy_coef=LOSS.entropy_coef, aggregation=aggregation)
-        logp, ent = naive_logprobs(model, samples, entropy=True)
+        logp, ent = naive_logprobs(model, batch, entropy=True)
         loss, metrics = ppo_dual_clip(logp, old, ref_logp, adv, mask, cfg, entropy=ent)
         opt.zero_grad()
         loss.backward()
@@ -143,6 +145,11 @@ def fsdp_worker(rank, world_size, port, model_dir, samples, out_path, budget):
         learner.loss_config = LossConfig(kl_coef=LOSS.kl_coef, entropy_coef=LOSS.entropy_coef, aggregation="seq-mean")
         result["seq_metrics"] = learner.forward_backward(samples)
         result["seq_grads"] = full_grads()
+        # one sequence for two ranks: rank 1 runs a dummy micro-batch and must add nothing
+        learner.loss_config = LOSS
+        result["one_plan"] = learner.plan(samples[:1]).micro_batches
+        result["one_metrics"] = learner.forward_backward(samples[:1])
+        result["one_grads"] = full_grads()
         if rank == 0:
             torch.save(result, out_path)
         dist.barrier()
@@ -153,7 +160,8 @@ def fsdp_worker(rank, world_size, port, model_dir, samples, out_path, budget):
 @pytest.mark.processes
 def test_two_rank_fsdp_matches_single_process_reference(tiny_model_dir, tmp_path):
     samples = make_samples(tiny_model_dir)
-    expected = reference_run(tiny_model_dir, samples)
+    expected = reference_run(tiny_model_dir, samples, (("token", "token-mean", None), ("seq", "seq-mean", None),
+                                                       ("one", "token-mean", 1)))
     out_path = tmp_path / "rank0.pt"
     budget = 90
     mp.start_processes(
@@ -168,7 +176,8 @@ def test_two_rank_fsdp_matches_single_process_reference(tiny_model_dir, tmp_path
     assert len(set(tokens)) == len(tokens)  # of uneven sizes
     assert max(len(mb) for rank in plan for mb in rank) > 1  # some packing several sequences
 
-    for tag in ("token", "seq"):
+    assert got["one_plan"] == [[[0]], [[]]]
+    for tag in ("token", "seq", "one"):
         metrics = got[f"{tag}_metrics"]
         assert metrics["loss"] == pytest.approx(expected[f"{tag}_loss"], rel=1e-5, abs=1e-6)
         for key in ("pg_loss", "kl", "entropy", "clipfrac", "dual_clipfrac"):
