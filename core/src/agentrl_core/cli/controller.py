@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from agentrl_core.config import load_config
-    from agentrl_core.env._http import bind_socket, raise_fd_limit, run_event_loop
+    from agentrl_core.env._http import bind_socket, raise_fd_limit, run_event_loop, tune_gc
     from agentrl_core.env.controller import Controller
     from agentrl_core.errors import ConfigError
 
@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
             overrides.append(f"controller.{name}={value}")
     config = load_config(args.config, overrides, validate_plugins=False).controller
     raise_fd_limit()
+    tune_gc()
     try:
         sock = bind_socket(config.host, config.port)
     except OSError as exc:

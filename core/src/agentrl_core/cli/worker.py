@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from agentrl_core.config import load_config
-    from agentrl_core.env._http import raise_fd_limit, run_event_loop
+    from agentrl_core.env._http import raise_fd_limit, run_event_loop, tune_gc
     from agentrl_core.env.worker import TaskWorker
     from agentrl_core.errors import ConfigError
     from agentrl_core.registry import Registry
@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
                         concurrency=args.concurrency, heartbeat_interval=args.heartbeat_interval,
                         start_timeout=args.start_timeout, step_timeout=args.step_timeout)
     raise_fd_limit()
+    tune_gc()
 
     def ready(w: TaskWorker) -> None:
         print(f"agentrl worker {w.task_name} listening on {w.address} (concurrency {w.concurrency}, "
