@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -179,6 +180,37 @@ async def test_worker_killed_mid_session(plugin_env):
             await eventually(lambda: _gone(client), 15, "the dead worker to be removed")
     finally:
         controller.stop()
+
+
+async def test_hung_worker_times_out_and_recovers(plugin_env):
+    controller = start_controller("--request-timeout", "1", "--unresponsive-after", "1")
+    worker = start_worker(controller, plugin_env, "--concurrency", "4")
+    try:
+        async with ControllerClient(controller.url) as client:
+            await eventually(lambda: _alive(client), 30, "the worker to register")
+            stuck = await client.start(TASK, 0)
+            worker.proc.send_signal(signal.SIGSTOP)  # hung: the socket accepts, nothing answers
+            try:
+                started = time.monotonic()
+                result = await client.interact(stuck.session_id, ping())
+                assert result.status is Status.TASK_ERROR and "did not answer in time" in result.metrics["error"]
+                assert time.monotonic() - started < 3
+                [hung] = await eventually(lambda: _unresponsive(client), 10, "the worker to be marked unresponsive")
+                with pytest.raises(NoCapacity, match=r"no live worker taking sessions \(1 registered: unresponsive\)"):
+                    await client.start(TASK, 1)
+            finally:
+                worker.proc.send_signal(signal.SIGCONT)
+            await eventually(lambda: _alive(client), 10, "the worker to come back by heartbeat")
+            await eventually(lambda: _slots_free(client), 10, "the timed-out session to be cancelled on the worker")
+            await assert_healthy(controller.url)
+    finally:
+        worker.stop()
+        controller.stop()
+
+
+async def _unresponsive(client: ControllerClient):
+    workers = await workers_of(client)
+    return workers if workers and workers[0]["state"] == "unresponsive" else None
 
 
 async def _busy(client: ControllerClient, sid: int) -> bool:
