@@ -275,6 +275,8 @@ async def test_malformed_json(plane):
         one_sentence(response, 400, "the request body is not valid JSON")
         response = await http.post(f"{plane.url}/interact", content=b"[1, 2]", headers={"session_id": "1"})
         one_sentence(response, 400, "must be a JSON object")
+        response = await http.post(f"{plane.url}/interact", content=b"[" * 50_000, headers={"session_id": "1"})
+        one_sentence(response, 400, "nested too deeply")
     await assert_healthy(plane.url)
 
 

@@ -94,6 +94,8 @@ class Request:
                     self._json = json.loads(self.body)
                 except (ValueError, UnicodeDecodeError) as exc:
                     raise HTTPError(400, f"the request body is not valid JSON ({_json_problem(exc)})") from None
+                except RecursionError:
+                    raise HTTPError(400, "the request body is JSON nested too deeply") from None
         return self._json
 
     def json_object(self, *, required: bool = True) -> dict[str, Any]:
