@@ -211,12 +211,17 @@ def world_of_one():
         dist.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def small_batch(tiny_model_dir):
+    samples = make_samples(tiny_model_dir, n=6, seed=1)
+    return samples, reference_run(tiny_model_dir, samples, (("token", "token-mean", None),))
+
+
 @pytest.mark.parametrize(("layout", "checkpointing"), [("packed", False), ("padded", False), ("packed", True)])
-def test_single_process_layouts_match_reference(tiny_model_dir, world_of_one, layout, checkpointing):
+def test_single_process_layouts_match_reference(tiny_model_dir, world_of_one, small_batch, layout, checkpointing):
     from agentrl_core.train.learner import Learner
 
-    samples = make_samples(tiny_model_dir, n=6, seed=1)
-    expected = reference_run(tiny_model_dir, samples)
+    samples, expected = small_batch
     train = TrainConfig(device="cpu", max_tokens_per_micro_batch=70, gradient_checkpointing=checkpointing)
     learner = Learner(tiny_model_dir, train=train, optim=OptimConfig(lr=LR), loss=LOSS, temperature=TEMPERATURE,
                       layout=layout)
