@@ -166,6 +166,39 @@ def test_collective_sync_is_bit_exact_in_two_engines(two_engines, tiny_model_dir
 
 
 @pytest.mark.processes
+def test_collective_sync_from_an_fsdp_learner(two_engines, tiny_model_dir, tmp_path):
+    """The learner process has its own (FSDP) default process group beside the weight group,
+    and its parameters are DTensor shards gathered one by one."""
+    import torch.distributed as dist
+
+    from agentrl_core.config import OptimConfig, TrainConfig
+    from agentrl_core.train.learner import Learner, init_distributed
+
+    created = not dist.is_initialized()
+    init_distributed("cpu")
+    try:
+        learner = Learner(tiny_model_dir, train=TrainConfig(device="cpu", reference=False), optim=OptimConfig(lr=1e-2))
+        with torch.no_grad():  # move away from the engines' weights
+            for p in learner.model.parameters():
+                p.add_(0.01)
+        expected = {n: t.clone() for n, t in learner.named_full_tensors()}
+        transport = CollectiveTransport(None, backend="gloo", bucket_mb=BUCKET_MB)
+        transport.connect("127.0.0.1", two_engines)
+        try:
+            transport.send(learner.named_full_tensors(), version=21)
+        finally:
+            transport.close()
+    finally:
+        if created:
+            dist.destroy_process_group()
+    for i, url in enumerate(two_engines):
+        got = _dump(url, tmp_path / f"fsdp{i}.safetensors")
+        assert set(got) == set(expected)
+        for name, tensor in expected.items():
+            assert torch.equal(got[name], tensor), f"engine {i}: {name} differs"
+
+
+@pytest.mark.processes
 def test_failed_sync_leaves_the_pool_paused_until_a_full_sync(two_engines, tiny_model_dir):
     weights = _perturbed(tiny_model_dir, seed=4)
     bogus = weights[:3] + [("model.not_a_parameter", torch.zeros(2))] + weights[3:]
