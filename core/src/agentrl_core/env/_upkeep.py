@@ -87,6 +87,9 @@ class Upkeep:
             reported = None
         finally:
             worker.syncing = False
+        task = self.state.tasks.get(worker.task)
+        if task is None or task.workers.get(worker.id) is not worker:
+            return False  # removed while we waited for its answer
         if reported is None:  # it is up but cannot list its sessions: serve it unreconciled
             log.warning("worker %s of task %r answered get_sessions badly; not reconciled", worker.id, worker.task)
             worker.ready = True
