@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from test_agent_loop import ScriptedPool, SumEnv, canonical_call, encode_reply
 
 from agentrl_core.env.episodes import play_episode
+from agentrl_core.env.local import LocalEnvClient
 from agentrl_core.rollout.agent_loop import ChatAgentLoop, LoopSettings, RolloutRequest
 from agentrl_core.rollout.sampler import CurrentSampler
 from agentrl_core.train.sft_data import encode_demonstration, encode_demonstrations
-from test_agent_loop import ADD, ANSWER, ScriptedPool, SumEnv, canonical_call, encode_reply
-from agentrl_core.env.local import LocalEnvClient
 
 
 class SumOracle:

@@ -216,6 +216,18 @@ class LoggingConfig:
 
 
 @frozen
+class SFTConfig:
+    """``agentrl sft``: supervised cold start on demonstrations (message-level JSONL)."""
+
+    data: list[str] = field(factory=list)  # demonstration files, e.g. written by `agentrl demos`
+    epochs: int = field(default=1, validator=in_range(1))
+    batch_size: int = field(default=32, validator=in_range(1))  # sequences per optimizer step
+    lr: float = field(default=1e-5, validator=in_range(0.0, lo_open=True))
+    min_reward: float | None = None  # keep only demonstrations with at least this reward
+    output_dir: str | None = None  # None: <run dir>/sft_model
+
+
+@frozen
 class EvalModelConfig:
     """One named model of an evaluation: a checkpoint to launch engines for, or running engines."""
 
@@ -254,6 +266,7 @@ class Config:
     launch: LaunchConfig = field(factory=LaunchConfig)
     logging: LoggingConfig = field(factory=LoggingConfig)
     eval: EvalConfig = field(factory=EvalConfig)
+    sft: SFTConfig = field(factory=SFTConfig)
 
     def environment_config(self, env: str) -> Any:
         """The validated config object of environment ``env`` (schema defaults if absent)."""

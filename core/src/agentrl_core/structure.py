@@ -44,11 +44,9 @@ def in_range(lo: float | None = None, hi: float | None = None, *, lo_open: bool 
         parts.append(f"{'<' if hi_open else '<='} {hi}")
 
     def ok(v: float) -> bool:
-        if lo is not None and (v <= lo if lo_open else v < lo):
-            return False
-        if hi is not None and (v >= hi if hi_open else v > hi):
-            return False
-        return True
+        below = lo is not None and (v <= lo if lo_open else v < lo)
+        above = hi is not None and (v >= hi if hi_open else v > hi)
+        return not (below or above)
 
     return check(ok, "must be " + " and ".join(parts))
 

@@ -19,6 +19,9 @@ COMMANDS = [
     "engine",
     "worker",
     "controller",
+    "train",
+    "sft",
+    "eval_cmd",
 ]
 
 

@@ -85,9 +85,9 @@ class Environment(abc.ABC):
             return index
         if isinstance(index, str) and index.lstrip("-").isdigit() and int(index) in _index_lookup(self, split, indices):
             return int(index)
-        if isinstance(index, int) and not isinstance(index, bool) and indices and isinstance(indices[0], str):
-            if 0 <= index < len(indices):
-                return indices[index]
+        if (isinstance(index, int) and not isinstance(index, bool) and indices and isinstance(indices[0], str)
+                and 0 <= index < len(indices)):
+            return indices[index]
         raise UnknownIndexError(f"index {index!r} is not in {self.name}/{split} ({len(indices)} samples)")
 
 

@@ -113,7 +113,7 @@ class EmbeddedControlPlane:
                     f"workers did not register with the controller within {timeout:.0f} s: {missing}"
                     + (f" (last error: {last_error})" if last_error else "")
                 )
-            for name, workers in self.workers.items():
+            for workers in self.workers.values():
                 for w in workers:
                     if not w.alive():
                         raise ServiceError(f"{w.name} exited; see {w.log_path}:\n{w.tail()}")

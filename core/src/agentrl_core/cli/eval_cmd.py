@@ -1,0 +1,42 @@
+"""``agentrl eval``: success rate, pass@k and termination statuses over repeats."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate models on tasks through the control plane (pass@k, statuses)")
+    p.add_argument("config", nargs="?", help="YAML config with an eval section (tasks, repeats, models, mode)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key, e.g. --set eval.repeats=4 (repeatable)")
+    p.add_argument("--engine", choices=["agentrl", "openai"], default="agentrl",
+                   help="agentrl: token-level engines (hf/sglang); openai: any OpenAI-compatible endpoint")
+    p.add_argument("--base-url", help="with --engine openai: the endpoint, e.g. http://host:8000/v1")
+    p.add_argument("--model", dest="model_name", help="with --engine openai: the model name to request")
+    p.add_argument("--api-key", help="with --engine openai: bearer token (default: $OPENAI_API_KEY)")
+    p.add_argument("--out", help="output folder (default: eval.output_dir or <run dir>/eval)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from agentrl_core.config import load_config
+    from agentrl_core.errors import ConfigError
+    from agentrl_core.eval.session import Evaluation
+    from agentrl_core.registry import Registry
+
+    registry = Registry()
+    config = load_config(args.config, args.overrides, registry=registry)
+    out = Path(args.out or config.eval.output_dir or config.run.dir / "eval")
+    if args.engine == "openai":
+        if not args.base_url or not args.model_name:
+            raise ConfigError("--engine openai needs --base-url and --model")
+        openai = {"base_url": args.base_url, "model": args.model_name,
+                  "api_key": args.api_key or os.environ.get("OPENAI_API_KEY")}
+    else:
+        openai = None
+    Evaluation(config, registry=registry, out_dir=out, openai=openai).run()
+    return 0

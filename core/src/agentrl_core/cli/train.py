@@ -1,0 +1,29 @@
+"""``agentrl train``: reinforcement learning on the configured tasks (async or sync)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train with RL on the configured tasks (see examples/)")
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key, e.g. --set train.mode=sync (repeatable)")
+    p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    p.add_argument("--address", help="an existing Ray cluster (default: start a local Ray)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentrl_core.config import load_config
+    from agentrl_core.registry import Registry
+    from agentrl_core.train.pipeline import Trainer
+
+    overrides = list(args.overrides)
+    if args.address:
+        overrides.append(f"launch.address={args.address}")
+    registry = Registry()
+    config = load_config(args.config, overrides, registry=registry)
+    Trainer(config, resume=args.resume, registry=registry).run()
+    return 0

@@ -1,0 +1,154 @@
+"""One evaluation run: control plane, engines for each model, players, results.
+
+Used by ``agentrl eval``. Models given by ``path`` get engines launched by the configured
+driver (on CPU the cores are split between the models); models given by ``urls`` use
+running engines. ``openai=`` evaluates an OpenAI-compatible endpoint instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from agentrl_core.config import Config, EvalModelConfig
+from agentrl_core.errors import ConfigError
+from agentrl_core.eval.runner import (
+    EvalRequest,
+    Progress,
+    ResultWriter,
+    build_requests,
+    eval_tasks,
+    make_token_players,
+    print_summaries,
+    run_requests,
+)
+from agentrl_core.registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+class Evaluation:
+    def __init__(self, config: Config, *, registry: Registry | None = None, out_dir: str | Path,
+                 openai: dict[str, Any] | None = None, echo: Any = print) -> None:
+        self.config = config
+        self.registry = registry or Registry()
+        self.out_dir = Path(out_dir)
+        self.openai = openai
+        self.echo = echo
+        self.tasks = eval_tasks(config)
+        models = dict(config.eval.models) or {"default": EvalModelConfig(path=config.model.path or None)}
+        if openai is None:
+            for name, m in models.items():
+                if not m.path and not m.urls:
+                    raise ConfigError(f"eval.models.{name} needs a path or urls (or set model.path)")
+            if config.eval.mode != "single" and len(models) < 2:
+                raise ConfigError(f"eval.mode {config.eval.mode!r} combines models: give at least two in eval.models")
+        self.models = models
+        self.drivers: list[Any] = []
+
+    def run(self) -> dict[str, Any]:
+        from agentrl_core.launch.control_plane import EmbeddedControlPlane
+
+        c = self.config
+        control = None
+        try:
+            url = c.controller.url
+            if url is None:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+                config_path = self._write_config()
+                control = EmbeddedControlPlane(self.tasks, c.controller, run_dir=self.out_dir, config_path=config_path)
+                url = control.start()
+            urls = {} if self.openai else self._engines()
+            return anyio.run(self._main, url, urls)
+        finally:
+            for driver in self.drivers:
+                driver.shutdown()
+            if control is not None:
+                control.stop()
+
+    def _write_config(self) -> Path:
+        import yaml
+
+        from agentrl_core.config import config_to_dict
+
+        path = self.out_dir / "config.yaml"
+        path.write_text(yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
+        return path
+
+    def _engines(self) -> dict[str, list[str]]:
+        from agentrl_core.launch.placement import _split, available_devices
+
+        launch = {name: m for name, m in self.models.items() if not m.urls}
+        urls = {name: list(m.urls) for name, m in self.models.items() if m.urls}
+        if launch:
+            kind = "cuda" if self.config.engine.device == "cuda" else "cpu"
+            groups = _split(available_devices(kind), len(launch))
+            for i, (name, m) in enumerate(launch.items()):
+                driver = self.registry.build("rollout_engine", self.config.engine.driver, None,
+                                             engine=self.config.engine, log_dir=str(self.out_dir / "logs"))
+                self.drivers.append(driver)
+                urls[name] = driver.launch(name, m.path, [groups[i % len(groups)]])
+        return urls
+
+    async def _main(self, url: str, engine_urls: dict[str, list[str]]) -> dict[str, Any]:
+        from agentrl_core.env.client import ControllerClient
+
+        c = self.config
+        writer = ResultWriter(self.out_dir)
+        t0 = time.monotonic()
+        async with ControllerClient(url) as client:
+            if self.openai:
+                play, names, mode = await self._openai_player(client), ["openai"], "single"
+            else:
+                play, names, mode = await self._token_players(client, engine_urls), sorted(self.models), c.eval.mode
+            requests = await build_requests(client, self.tasks, c.eval.repeats, names, mode)
+            self.echo(f"evaluating {len(requests)} episodes ({mode}, {c.eval.repeats} repeats, "
+                      f"{len(self.tasks)} tasks, models {', '.join(names)})")
+            await run_requests(requests, play, concurrency=c.eval.concurrency, on_result=writer.add,
+                               progress=Progress("eval"))
+            await self._close()
+        summaries = writer.close({"mode": mode, "repeats": c.eval.repeats, "seconds": time.monotonic() - t0})
+        print_summaries(summaries, self.echo)
+        self.echo(f"\ntrajectories and summary in {self.out_dir}")
+        return {m: {t: s.to_json() for t, s in ts.items()} for m, ts in summaries.items()}
+
+    async def _token_players(self, client: Any, engine_urls: dict[str, list[str]]) -> Any:
+        from transformers import AutoTokenizer
+
+        from agentrl_core.rollout.engine_client import EnginePool
+
+        tokenizer_path = self.config.model.path or next((m.path for m in self.models.values() if m.path), None)
+        if not tokenizer_path:
+            raise ConfigError("set model.path to the tokenizer's directory when every model is given by urls")
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self._pools = {name: EnginePool(name, urls) for name, urls in engine_urls.items()}
+        return make_token_players(self.config, registry=self.registry, tokenizer=tokenizer, env_client=client,
+                                  pools=self._pools, mode=self.config.eval.mode)
+
+    async def _openai_player(self, client: Any) -> Any:
+        from agentrl_core.eval.openai_loop import OpenAIChatLoop
+
+        c = self.config
+        temperature = c.eval.temperature if c.eval.temperature is not None else c.rollout.temperature
+        self._openai_loop = OpenAIChatLoop(
+            base_url=self.openai["base_url"], model=self.openai["model"], api_key=self.openai.get("api_key"),
+            env_client=client, max_turns=c.rollout.max_turns, temperature=temperature,
+            max_tokens=c.rollout.max_new_tokens,
+        )
+
+        async def play(item: EvalRequest) -> dict[str, Any]:
+            return await self._openai_loop.run(item.request)
+
+        return play
+
+    async def _close(self) -> None:
+        for pool in getattr(self, "_pools", {}).values():
+            await pool.aclose()
+        loop = getattr(self, "_openai_loop", None)
+        if loop is not None:
+            await loop.aclose()
+

@@ -1,0 +1,217 @@
+"""Ray placement of the learner pool and the engine pools (DESIGN.md section 6).
+
+One placement group reserves a bundle per learner rank and per engine. Learner ranks are
+Ray actors running the FSDP2 :class:`~agentrl_core.train.learner.Learner`; each engine is
+started by a small host actor placed in the engine's bundle (so on a cluster it runs on
+the node that owns those devices). On a machine without GPUs a bundle is a set of CPU
+cores: the actor pins itself (and the engine process) to them, so pools really run on
+disjoint cores in async mode. The same code runs on one machine with a local Ray
+(``launch.address: null``) and on an existing cluster (``--address``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentrl_core.config import Config
+from agentrl_core.launch.placement import Placement
+
+log = logging.getLogger(__name__)
+
+
+def init_ray(config: Config, *, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    launch = config.launch
+    if launch.address:
+        ray.init(address=launch.address, logging_level=logging.WARNING, log_to_driver=True)
+        return
+    ray.init(
+        num_cpus=launch.num_cpus or num_cpus,
+        num_gpus=launch.num_gpus if launch.num_gpus is not None else num_gpus,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        # the workers inherit this interpreter's environment (plugins, PYTHONPATH)
+        runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "AGENTRL_DATA_DIR")}},
+    )
+
+
+def _pin(kind: str, devices: Sequence[int]) -> None:
+    if kind == "cpu" and devices and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, list(devices))
+        import torch
+
+        torch.set_num_threads(len(devices))
+
+
+class LearnerRank:
+    """One rank of the learner (a Ray actor). Every rank gets every call, in the same order."""
+
+    def __init__(self, rank: int, world_size: int, master: tuple[str, int], devices: Sequence[int], kind: str,
+                 model_path: str, config: Config) -> None:
+        _pin(kind, devices)
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
+                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+        from agentrl_core.registry import Registry
+        from agentrl_core.train.learner import Learner, init_distributed
+
+        self.rank = rank
+        self.config = config
+        _, _, device = init_distributed(config.train.device)
+        self.registry = Registry()
+        loss_fn = self.registry.build("policy_loss", config.loss.name)
+        self.learner = Learner(model_path, train=config.train, optim=config.optim, loss=config.loss,
+                               temperature=config.rollout.temperature, loss_fn=loss_fn, device=device)
+        self.transports: dict[str, Any] = {}
+
+    def ready(self) -> int:
+        return self.rank
+
+    def connect(self, pools: Mapping[str, list[str]], address: str) -> None:
+        """Rank 0 forms one weight-sync transport per pool with that pool's engines."""
+        if self.rank != 0:
+            return
+        ws = self.config.weight_sync
+        for pool, urls in pools.items():
+            transport = self.registry.build("weight_sync_transport", ws.transport, None, weight_sync=ws)
+            transport.connect(address, urls)
+            self.transports[pool] = transport
+
+    def train_step(self, samples: list[Any]) -> dict[str, float]:
+        return self.learner.train_step(samples)
+
+    def sync(self, pools: list[str], version: int) -> dict[str, float]:
+        from agentrl_core.train.weight_sync import push_weights
+
+        return push_weights(self.learner.named_full_tensors, self.transports, pools, version, rank=self.rank)
+
+    def save_checkpoint(self, root: str, trainer_state: dict[str, Any], keep: int, hf_model: bool) -> str:
+        from agentrl_core.train.checkpoint import save_checkpoint
+
+        return str(save_checkpoint(root, self.learner, trainer_state, keep=keep, hf_model=hf_model))
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        from agentrl_core.train.checkpoint import load_checkpoint
+
+        return load_checkpoint(path, self.learner)
+
+    def save_hf_model(self, out_dir: str) -> str | None:
+        from agentrl_core.train.checkpoint import save_hf_model
+
+        path = save_hf_model(self.learner, out_dir)
+        return str(path) if path is not None else None
+
+    def shutdown(self) -> None:
+        for transport in self.transports.values():
+            try:
+                transport.close()
+            except Exception as exc:  # closing is best effort; the process exits next
+                log.warning("closing a weight-sync transport failed: %s", exc)
+        self.learner.close()
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class EngineHost:
+    """Starts and stops the engines of one bundle (a Ray actor on the bundle's node)."""
+
+    def __init__(self, kind: str, devices: Sequence[int], config: Config, log_dir: str) -> None:
+        from agentrl_core.registry import Registry
+
+        self.kind = kind
+        self.devices = list(devices)
+        self.driver = Registry().build("rollout_engine", config.engine.driver, None, engine=config.engine,
+                                       log_dir=log_dir)
+
+    def launch(self, pool: str, model_path: str) -> list[str]:
+        return self.driver.launch(pool, model_path, [self.devices])
+
+    def shutdown(self) -> None:
+        self.driver.shutdown()
+
+
+class RayPools:
+    """The placement group, the learner ranks and the engine hosts of one run."""
+
+    def __init__(self, placement: Placement, config: Config, *, model_path: str, run_dir: Path) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.placement = placement
+        kind = placement.kind
+        share = 0.5 if placement.colocated else 1.0  # colocated: learner and engines both claim the devices
+
+        def bundle(devices: Sequence[int]) -> dict[str, float]:
+            if kind == "cuda":
+                return {"GPU": len(devices) * share, "CPU": 1}
+            return {"CPU": len(devices) * share}
+
+        engine_slots = [(pool, devs) for pool, engines in placement.pools.items() for devs in engines]
+        bundles = [bundle(d) for d in placement.learner] + [bundle(d) for _, d in engine_slots]
+        self.pg = placement_group(bundles, strategy="PACK")
+        ray.get(self.pg.ready(), timeout=600)
+
+        def strategy(i: int) -> PlacementGroupSchedulingStrategy:
+            return PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
+
+        def resources(devices: Sequence[int]) -> dict[str, Any]:
+            b = bundle(devices)
+            return {"num_cpus": b.get("CPU", 0), "num_gpus": b.get("GPU", 0)}
+
+        self.hosts: dict[str, list[Any]] = {}
+        host_cls = ray.remote(EngineHost)
+        for j, (pool, devs) in enumerate(engine_slots):
+            host = host_cls.options(scheduling_strategy=strategy(len(placement.learner) + j), **resources(devs)).remote(
+                kind, devs, config, str(run_dir / "logs"))
+            self.hosts.setdefault(pool, []).append(host)
+        self.urls: dict[str, list[str]] = {}
+        launches = {pool: [h.launch.remote(pool, model_path) for h in hosts] for pool, hosts in self.hosts.items()}
+        for pool, refs in launches.items():
+            self.urls[pool] = [url for urls in ray.get(refs) for url in urls]
+
+        master = (ray.util.get_node_ip_address(), _free_port())
+        rank_cls = ray.remote(LearnerRank)
+        world = len(placement.learner)
+        self.ranks = [
+            rank_cls.options(scheduling_strategy=strategy(i), **resources(devs)).remote(
+                i, world, master, devs, kind, model_path, config)
+            for i, devs in enumerate(placement.learner)
+        ]
+        ray.get([r.ready.remote() for r in self.ranks])
+        self.learner_address = master[0]
+
+    async def all_ranks(self, method: str, *args: Any) -> list[Any]:
+        import asyncio
+
+        return list(await asyncio.gather(*[getattr(r, method).remote(*args) for r in self.ranks]))
+
+    def shutdown(self) -> None:
+        import ray
+
+        for refs in ([r.shutdown.remote() for r in self.ranks], [h.shutdown.remote() for hs in self.hosts.values() for h in hs]):
+            try:
+                ray.get(refs, timeout=60)
+            except Exception as exc:  # the processes are killed below anyway
+                log.warning("shutdown: %s", exc)
+        for actor in [*self.ranks, *[h for hs in self.hosts.values() for h in hs]]:
+            ray.kill(actor)
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(self.pg)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,381 @@
+"""``agentrl train``: the training loop, asynchronous (the paper's design) or synchronous.
+
+One step, read top to bottom in :meth:`Trainer._step`:
+
+    batch   = await buffer.get(...)                 # whole groups (1.7x on the first async step)
+    adv     = estimator + normalizers               # GRPO, then e.g. task normalization
+    metrics = learner ranks .train_step(samples)    # reference log-probs, dual-clip PPO, AdamW
+    sync    = pools due (current: every step; stale: every stale_step)
+    log, validate, checkpoint
+
+In ``async`` mode the rollout manager keeps generating on its own devices while the
+learner trains (rollout never stops; engines pause only while new weights arrive, and
+aborted turns are regenerated). In ``sync`` mode all devices generate one batch, then
+train, then sync. See DESIGN.md section 6.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import yaml
+
+from agentrl_core.config import Config, config_to_dict
+from agentrl_core.errors import AgentrlError, ConfigError
+from agentrl_core.registry import Registry
+from agentrl_core.train.rollout_manager import RolloutManager, warmup_minimum
+from agentrl_core.train.step_metrics import batch_metrics, sample_rollouts
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    def __init__(self, config: Config, *, resume: bool = False, registry: Registry | None = None,
+                 echo: Any = print) -> None:
+        self.config = config
+        self.registry = registry or Registry()
+        self.resume = resume
+        self.echo = echo
+        self.run_dir = config.run.dir
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self._engine_busy: dict[str, tuple[float, float]] = {}
+        self._validate_config()
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _validate_config(self) -> None:
+        c = self.config
+        if not c.model.path:
+            raise ConfigError("model.path is empty: point it at a Hugging Face model directory "
+                              "(agentrl model init --out DIR makes a tiny one)")
+        if not c.tasks:
+            raise ConfigError("no training tasks: set tasks, e.g. [{env: calc, split: train}]")
+        sampler = self.build_sampler()
+        bound = c.rollout.staleness_bound
+        minimum = getattr(sampler, "min_staleness_bound", lambda: None)()
+        if bound is not None and minimum is not None and bound < minimum:
+            raise ConfigError(
+                f"rollout.staleness_bound={bound} is below {minimum} = stale_step + 2, the lag the "
+                f"{c.sampler.name!r} sampler's stale pool needs by design; raise it or unset it"
+            )
+
+    def build_sampler(self) -> Any:
+        c = self.config
+        return self.registry.build("sampler", c.sampler.name, c.sampler.options.get(c.sampler.name))
+
+    def write_config(self) -> Path:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / "config.yaml"
+        path.write_text(yaml.safe_dump(config_to_dict(self.config), sort_keys=False))
+        return path
+
+    def run(self) -> dict[str, Any]:
+        """Set up every process, train, tear everything down; returns the final summary."""
+        from agentrl_core.launch.control_plane import EmbeddedControlPlane
+        from agentrl_core.launch.placement import available_devices, plan_placement
+        from agentrl_core.launch.ray_pools import RayPools, init_ray
+
+        c = self.config
+        config_path = self.write_config()
+        sampler = self.build_sampler()
+        self.pool_specs = sampler.pools()
+        kind = _device_kind(c.train.device)
+        devices = available_devices(kind, c.launch.num_gpus if kind == "cuda" else c.launch.num_cpus)
+        placement = plan_placement(
+            devices, self.pool_specs, kind=kind, mode=c.train.mode, rollout_ratio=c.engine.rollout_ratio,
+            learner_ranks=c.train.world_size, engines_per_pool=c.engine.num_engines,
+            tp_size=c.engine.sglang.tp_size if c.engine.driver == "sglang" else 1,
+        )
+        self.echo(f"placement: {placement.describe()}")
+        control = None
+        pools = None
+        t0 = time.monotonic()
+        try:
+            url = c.controller.url
+            if url is None:
+                tasks = [*c.tasks, *c.train.eval_tasks]
+                control = EmbeddedControlPlane(tasks, c.controller, run_dir=self.run_dir, config_path=config_path)
+                url = control.start()
+            init_ray(c, num_cpus=len(devices) if kind == "cpu" else None)
+            pools = RayPools(placement, c, model_path=c.model.path, run_dir=self.run_dir)
+            self.echo(f"set-up done in {time.monotonic() - t0:.1f} s (controller {url}, engines {pools.urls})")
+            return anyio.run(self._main, url, pools, sampler)
+        finally:
+            if pools is not None:
+                pools.shutdown()
+            if control is not None:
+                control.stop()
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def _main(self, url: str, pools: Any, sampler: Any) -> dict[str, Any]:
+        from transformers import AutoTokenizer
+
+        from agentrl_core.env.client import ControllerClient
+        from agentrl_core.rollout.agent_loop import LoopSettings
+        from agentrl_core.rollout.engine_client import EnginePool
+        from agentrl_core.train.buffer import GroupBuffer
+        from agentrl_core.train.task_stream import StreamTask, TaskStream
+
+        c = self.config
+        self.pools = pools
+        self.tokenizer = AutoTokenizer.from_pretrained(c.model.path)
+        await pools.all_ranks("connect", pools.urls, pools.learner_address)
+        async with ControllerClient(url) as client:
+            self.client = client
+            self.engine_pools = {name: EnginePool(name, urls) for name, urls in pools.urls.items()}
+            tasks = [StreamTask.from_config(t, await client.get_indices(t.task_name)) for t in c.tasks]
+            self.stream = TaskStream(tasks, c.rollout.n_samples, seed=c.run.seed)
+            await self._maybe_resume()
+            self.metrics_out = self._loggers()
+            sync = await pools.all_ranks("sync", [p.name for p in self.pool_specs], self.step)
+            self.echo(f"initial weights synced to {', '.join(p.name for p in self.pool_specs)} "
+                      f"({sync[0].get('weight_sync/current/seconds', 0.0):.2f} s)")
+            batch_traj = c.rollout.batch_size * c.rollout.n_samples
+            self.buffer = GroupBuffer(c.rollout.n_samples, max(batch_traj, math.ceil(c.rollout.buffer_max_factor * batch_traj)),
+                                      max_infra_retries=c.rollout.max_infra_retries)
+            settings = LoopSettings.from_rollout_config(c.rollout)
+            self.agent_loop = self.registry.build(
+                "agent_loop", c.rollout.agent_loop, None, tokenizer=self.tokenizer, env_client=client,
+                pools=self.engine_pools, sampler=sampler, tool_parser=self.registry.build("tool_parser", c.model.tool_parser),
+                settings=settings, seed=c.run.seed, global_step=lambda: self.step,
+            )
+            self.sampler = sampler
+            self.manager = RolloutManager(
+                agent_loop=self.agent_loop, buffer=self.buffer, stream=self.stream, concurrency=c.rollout.concurrency,
+                batch_groups=c.rollout.batch_size, staleness_bound=c.rollout.staleness_bound,
+                learner_step=lambda: self.step,
+            )
+            self.estimator = self.registry.build("advantage_estimator", c.advantage.estimator,
+                                                 c.advantage.options.get(c.advantage.estimator))
+            self.normalizers = [self.registry.build("advantage_normalizer", n, c.advantage.options.get(n))
+                                for n in c.advantage.normalizers]
+            try:
+                if c.train.mode == "async":
+                    await self._run_async()
+                else:
+                    await self._run_sync()
+                summary = await self._finish()
+            finally:
+                for pool in self.engine_pools.values():
+                    await pool.aclose()
+                for logger in self.metrics_out:
+                    logger.close()
+        return summary
+
+    async def _run_async(self) -> None:
+        c = self.config
+        batch = c.rollout.batch_size * c.rollout.n_samples
+        first = True
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.manager.run_forever)
+            while self.step < c.train.total_steps:
+                t0 = time.monotonic()
+                minimum = warmup_minimum(batch, c.rollout.warmup_factor, c.rollout.n_samples) if first else batch
+                trajectories = await self.buffer.get(minimum)
+                first = False
+                await self._step(trajectories, wait_s=time.monotonic() - t0)
+                self.manager.notify_step()
+            tg.cancel_scope.cancel()
+        self.buffer.close()
+
+    async def _run_sync(self) -> None:
+        c = self.config
+        while self.step < c.train.total_steps:
+            t0 = time.monotonic()
+            await self.manager.run_groups(c.rollout.batch_size)
+            ready = self.buffer.stats().ready_trajectories
+            if ready == 0:
+                log.warning("every group of this batch was dropped (infrastructure failures); generating again")
+                continue
+            trajectories = await self.buffer.get(ready)
+            await self._step(trajectories, wait_s=time.monotonic() - t0)
+
+    async def _step(self, trajectories: list[Any], *, wait_s: float) -> None:
+        from agentrl_core.train.advantages import compute_advantages
+        from agentrl_core.train.batching import TrainSample
+        from agentrl_core.train.weight_sync import pools_due
+
+        c = self.config
+        t0 = time.monotonic()
+        adv = compute_advantages(trajectories, self.estimator, self.normalizers)
+        samples = [
+            TrainSample(t.input_ids, t.loss_mask, t.rollout_logprobs, adv.advantages[i, : len(t.input_ids)].tolist(), t.group_id)
+            for i, t in enumerate(trajectories)
+        ]
+        t_adv = time.monotonic()
+        learner_metrics = (await self.pools.all_ranks("train_step", samples))[0]
+        t_train = time.monotonic()
+        version = self.step  # the weights being updated; the batch's lag is measured against them
+        self.step += 1
+        self.stream.mark_done(sorted({t.group_id for t in trajectories}))
+        for gid in self.manager.take_dropped():
+            log.info("group %s was dropped after repeated infrastructure failures", gid)
+        due = [p.name for p in pools_due(self.pool_specs, self.step)]
+        sync_metrics = (await self.pools.all_ranks("sync", due, self.step))[0] if due else {}
+        t_sync = time.monotonic()
+        metrics: dict[str, Any] = {
+            "step": self.step,
+            **batch_metrics(trajectories, version),
+            **{f"learner/{k}": v for k, v in learner_metrics.items()},
+            **sync_metrics,
+            **self.manager.metrics(),
+            **self.buffer.stats().as_metrics(),
+            **await self._engine_metrics(),
+            "time/wait_rollout_s": wait_s,
+            "time/advantages_s": t_adv - t0,
+            "time/train_s": t_train - t_adv,
+            "time/sync_s": t_sync - t_train,
+            "time/step_s": wait_s + (t_sync - t0),
+            "trained_tokens_per_s": learner_metrics.get("num_tokens", 0.0) / max(wait_s + (t_sync - t0), 1e-9),
+        }
+        for normalizer in self.normalizers:
+            metrics.update(getattr(normalizer, "metrics", dict)())
+        metrics.update(getattr(self.sampler, "metrics", lambda *_: {})(trajectories, version))
+        self._log(metrics, trajectories)
+        if c.train.eval_every and self.step % c.train.eval_every == 0 and c.train.eval_tasks:
+            self._log({"step": self.step, **await self.validate()}, [])
+        if c.train.checkpoint_every and self.step % c.train.checkpoint_every == 0:
+            await self.save_checkpoint()
+
+    # -- metrics, validation, checkpoints -------------------------------------------------------
+
+    def _loggers(self) -> list[Any]:
+        return [self.registry.build("logger", name, None, run_dir=self.run_dir) for name in self.config.logging.loggers]
+
+    def _log(self, metrics: dict[str, Any], trajectories: list[Any]) -> None:
+        if trajectories and self.config.logging.sample_rollouts:
+            samples = sample_rollouts(trajectories, self.tokenizer, self.config.logging.sample_rollouts)
+            with open(self.run_dir / "samples.jsonl", "a", encoding="utf-8") as f:
+                for s in samples:
+                    f.write(json.dumps({"step": self.step, **s}, ensure_ascii=False) + "\n")
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        for logger in self.metrics_out:
+            logger.log(self.step, scalars)
+        self.history.append(scalars)
+        if self.config.logging.progress:
+            self.echo(_progress_line(scalars, self.config.train.total_steps))
+
+    async def _engine_metrics(self) -> dict[str, float]:
+        """Busy fraction (forward time / wall time) of each pool's engines since the last step."""
+        out: dict[str, float] = {}
+        for name, pool in self.engine_pools.items():
+            fractions = []
+            for url, engine in pool.engines.items():
+                try:
+                    info = await engine.server_info()
+                except Exception as exc:  # an engine that died shows up as failures elsewhere
+                    log.warning("engine %s: %s", url, exc)
+                    continue
+                busy = float(info.get("busy_fraction", 0.0)) * float(info.get("uptime_s", 0.0))
+                wall = float(info.get("uptime_s", 0.0))
+                prev_busy, prev_wall = self._engine_busy.get(url, (0.0, 0.0))
+                self._engine_busy[url] = (busy, wall)
+                if wall > prev_wall:
+                    fractions.append((busy - prev_busy) / (wall - prev_wall))
+            if fractions:
+                out[f"engine/{name}/busy_fraction"] = sum(fractions) / len(fractions)
+        return out
+
+    async def validate(self) -> dict[str, float]:
+        """Evaluate the current pool on ``train.eval_tasks`` (one repeat)."""
+        from agentrl_core.eval.metrics import EpisodeResult, summarize
+        from agentrl_core.eval.runner import build_requests, make_token_players, run_requests
+
+        c = self.config
+        eval_config = attrs.evolve(c, eval=attrs.evolve(c.eval, tasks=c.train.eval_tasks, repeats=1))
+        play = make_token_players(eval_config, registry=self.registry, tokenizer=self.tokenizer, env_client=self.client,
+                                  pools={"current": self.engine_pools["current"]}, mode="single")
+        requests = await build_requests(self.client, c.train.eval_tasks, 1, ["current"], "single")
+        results: list[EpisodeResult] = []
+
+        def keep(item: Any, result: dict[str, Any]) -> None:
+            r = item.request
+            results.append(EpisodeResult(r.task, r.index, 0, float(result["reward"]), str(result["status"]),
+                                         int(result["turns"])))
+
+        await run_requests(requests, play, concurrency=c.eval.concurrency, on_result=keep)
+        self.last_validation = summarize(results)
+        out = {}
+        for task, s in self.last_validation.items():
+            out[f"val/{task}/success"] = s.success_mean
+            out[f"val/{task}/reward"] = s.reward_mean
+            out[f"val/{task}/infra_failures"] = float(s.infra_failures)
+        return out
+
+    async def save_checkpoint(self) -> None:
+        state = {"task_stream": self.stream.state_dict(), "config_name": self.config.run.name}
+        path = (await self.pools.all_ranks("save_checkpoint", str(self.run_dir / "checkpoints"), state,
+                                            self.config.train.keep_checkpoints, self.config.train.save_hf_model))[0]
+        self.echo(f"checkpoint {path}")
+
+    async def _maybe_resume(self) -> None:
+        from agentrl_core.train.checkpoint import latest_checkpoint
+
+        if not self.resume:
+            return
+        path = latest_checkpoint(self.run_dir / "checkpoints")
+        if path is None:
+            raise AgentrlError(f"--resume: no checkpoint under {self.run_dir / 'checkpoints'}")
+        state = (await self.pools.all_ranks("load_checkpoint", str(path)))[0]
+        self.stream.load_state_dict(state["task_stream"])
+        self.step = int(state["step"])
+        self.echo(f"resumed from {path} at step {self.step}; {len(self.stream.outstanding)} groups re-issued first")
+
+    async def _finish(self) -> dict[str, Any]:
+        c = self.config
+        if c.train.checkpoint_every and self.step % c.train.checkpoint_every:
+            await self.save_checkpoint()
+        final_model = None
+        if c.train.save_hf_model:
+            final_model = (await self.pools.all_ranks("save_hf_model", str(self.run_dir / "final_model")))[0]
+        summary: dict[str, Any] = {"steps": self.step, "final_model": final_model}
+        if c.train.eval_tasks:
+            summary["validation"] = await self.validate()
+            from agentrl_core.eval.metrics import format_table
+
+            self.echo("\nfinal validation (current weights):\n" + format_table(self.last_validation))
+        self.echo("\ntraining, per task (first and last step):\n" + training_table(self.history))
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        return summary
+
+
+def _device_kind(device: str) -> str:
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _progress_line(m: dict[str, Any], total: int) -> str:
+    return (
+        f"step {int(m.get('step', 0))}/{total}  reward {m.get('reward', 0.0):.3f}  success {m.get('success', 0.0):.3f}  "
+        f"traj {int(m.get('trajectories', 0))}  lag {m.get('version_lag/mean', 0.0):.2f}  "
+        f"loss {m.get('learner/loss', m.get('learner/pg_loss', 0.0)):.4f}  "
+        f"tok/s {m.get('trained_tokens_per_s', 0.0):.0f}  step {m.get('time/step_s', 0.0):.1f}s "
+        f"(wait {m.get('time/wait_rollout_s', 0.0):.1f}s)"
+    )
+
+
+def training_table(history: list[dict[str, Any]]) -> str:
+    """Per-task success and reward at the first and last logged training steps."""
+    steps = [h for h in history if any(k.startswith("task/") for k in h)]
+    if not steps:
+        return "(no training steps)"
+    first, last = steps[0], steps[-1]
+    tasks = sorted({k.split("/")[1] for h in steps for k in h if k.startswith("task/")})
+    rows = [["task", "success first", "success last", "reward first", "reward last"]]
+    for t in tasks:
+        rows.append([t, *[f"{h.get(f'task/{t}/{m}', float('nan')):.3f}" for m in ("success",) for h in (first, last)],
+                     *[f"{h.get(f'task/{t}/reward', float('nan')):.3f}" for h in (first, last)]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)

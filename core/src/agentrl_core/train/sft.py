@@ -1,0 +1,98 @@
+"""``agentrl sft``: supervised cold start on demonstrations, with the same learner as RL.
+
+Demonstrations (DESIGN.md section 3; ``agentrl demos`` writes them from an environment's
+oracle) are encoded exactly as rollouts are (:mod:`agentrl_core.train.sft_data`); the loss
+is the token-mean negative log-likelihood of the assistant tokens (loss_mask 1), computed
+by the FSDP2 :class:`~agentrl_core.train.learner.Learner` at temperature 1, so SFT and RL
+share micro-batching, sharding and checkpoint formats. Run it in one process, or with
+``torchrun --nproc-per-node N -m agentrl_core.cli.main sft ...`` on several ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from agentrl_core.config import Config
+from agentrl_core.errors import ConfigError
+from agentrl_core.train.losses import aggregate
+
+log = logging.getLogger(__name__)
+
+
+def sft_nll_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: Any, advantages: torch.Tensor,
+                 loss_mask: torch.Tensor, config: Any, *, num_tokens: float | None = None,
+                 num_seqs: float | None = None, **_: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """Negative log-likelihood of the loss-masked tokens, this call's share of the batch mean."""
+    nll = -logprobs.float()
+    loss = aggregate(nll, loss_mask, "token-mean", num_tokens=num_tokens)
+    return loss, {"loss": float(loss.detach()), "nll": float(loss.detach())}
+
+
+def run_sft(config: Config, *, echo: Any = print) -> Path:
+    """Train ``config.model.path`` on ``config.sft.data``; returns the saved model directory."""
+    from transformers import AutoTokenizer
+
+    from agentrl_core.env.episodes import read_demonstrations
+    from agentrl_core.train.batching import TrainSample
+    from agentrl_core.train.checkpoint import save_hf_model
+    from agentrl_core.train.learner import Learner, init_distributed
+    from agentrl_core.train.sft_data import encode_demonstrations
+
+    s = config.sft
+    if not config.model.path:
+        raise ConfigError("model.path is empty: the model to fine-tune")
+    if not s.data:
+        raise ConfigError("sft.data is empty: list demonstration files (agentrl demos writes them)")
+    rank, world, _ = init_distributed(config.train.device)
+    tokenizer = AutoTokenizer.from_pretrained(config.model.path)
+    records = [r for path in s.data for r in read_demonstrations(path)]
+    sequences = encode_demonstrations(tokenizer, records, max_total_len=config.rollout.max_total_len,
+                                      min_reward=s.min_reward)
+    if not sequences:
+        raise ConfigError(f"no demonstration left to train on ({len(records)} read; sft.min_reward={s.min_reward})")
+    learner = Learner(
+        config.model.path,
+        train=attrs.evolve(config.train, reference=False),
+        optim=attrs.evolve(config.optim, lr=s.lr),
+        loss=attrs.evolve(config.loss, kl_coef=0.0, entropy_coef=0.0),
+        temperature=1.0,
+        loss_fn=sft_nll_loss,
+    )
+    out_dir = Path(s.output_dir or config.run.dir / "sft_model")
+    log_path = config.run.dir / "sft_metrics.jsonl"
+    if rank == 0:
+        config.run.dir.mkdir(parents=True, exist_ok=True)
+        log_path.write_text("")
+        echo(f"sft: {len(sequences)} sequences ({sum(sum(q.loss_mask) for q in sequences)} assistant tokens) "
+             f"from {len(records)} demonstrations, {s.epochs} epoch(s), batch {s.batch_size}, world {world}")
+    rng = random.Random(config.run.seed)
+    t0 = time.monotonic()
+    step = 0
+    for epoch in range(s.epochs):
+        order = list(range(len(sequences)))
+        rng.shuffle(order)
+        for start in range(0, len(order), s.batch_size):
+            batch = [sequences[i] for i in order[start:start + s.batch_size]]
+            samples = [TrainSample(q.input_ids, q.loss_mask, [0.0] * len(q.input_ids), [1.0] * len(q.input_ids))
+                       for q in batch]
+            metrics = learner.train_step(samples)
+            step += 1
+            if rank == 0:
+                with open(log_path, "a") as f:
+                    f.write(json.dumps({"step": step, "epoch": epoch, **metrics}) + "\n")
+                if step == 1 or step % 10 == 0:
+                    echo(f"sft epoch {epoch + 1}/{s.epochs} step {step}: nll {metrics.get('nll', 0.0):.4f} "
+                         f"({metrics.get('tokens_per_s', 0.0):.0f} tok/s)")
+    save_hf_model(learner, out_dir)
+    if rank == 0:
+        echo(f"sft done in {time.monotonic() - t0:.1f} s; model saved to {out_dir}")
+    learner.close()
+    return out_dir
