@@ -216,7 +216,10 @@ class Trainer:
         t_train = time.monotonic()
         version = self.step  # the weights being updated; the batch's lag is measured against them
         self.step += 1
-        self.stream.mark_done(sorted({t.group_id for t in trajectories}))
+        trained = sorted({t.group_id for t in trajectories})
+        self.stream.mark_done(trained)
+        with open(self.run_dir / "trained_groups.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": self.step, "groups": trained}) + "\n")
         for gid in self.manager.take_dropped():
             log.info("group %s was dropped after repeated infrastructure failures", gid)
         due = [p.name for p in pools_due(self.pool_specs, self.step)]
@@ -328,6 +331,7 @@ class Trainer:
         state = (await self.pools.all_ranks("load_checkpoint", str(path)))[0]
         self.stream.load_state_dict(state["task_stream"])
         self.step = int(state["step"])
+        _truncate_log(self.run_dir / "trained_groups.jsonl", self.step)  # steps after it were lost with the kill
         self.echo(f"resumed from {path} at step {self.step}; {len(self.stream.outstanding)} groups re-issued first")
 
     async def _finish(self) -> dict[str, Any]:
@@ -346,6 +350,14 @@ class Trainer:
         self.echo("\ntraining, per task (first and last step):\n" + training_table(self.history))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         return summary
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Keep the records of steps up to ``step`` in a JSONL log (the others were not checkpointed)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))
 
 
 def _device_kind(device: str) -> str:
