@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import anyio
@@ -394,3 +395,59 @@ async def test_distributed_update_in_buckets_between_pause_and_continue(tiny_mod
     for result, model in ((before, reference), (after, updated)):
         expected = reference_logprobs(model, PROMPTS[0], result.output_ids, 1.0)
         assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------
+# OpenAI chat with tools, end to end: a tiny model taught one tool call answers with it
+
+
+CHAT = [{"role": "system", "content": "You are a careful calculator agent."},
+        {"role": "user", "content": "Compute 12 + 7"}]
+CALL = {"name": "calculate", "arguments": {"a": 12, "op": "+", "b": 7}}
+TOOLS = [{"type": "function", "function": {"name": "calculate", "description": "one operation", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "op": {"type": "string"}, "b": {"type": "integer"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def taught_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model overfit (a few hundred Adam steps) to answer CHAT with one qwen25 tool call."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    prompt = tokenizer.apply_chat_template(CHAT, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    answer = f"<tool_call>\n{{\"name\": \"calculate\", \"arguments\": {json.dumps(CALL['arguments'])}}}\n</tool_call>"
+    p_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    a_ids = tokenizer.encode(answer + "<|im_end|>", add_special_tokens=False)
+    ids = torch.tensor([p_ids + a_ids])
+    labels = torch.tensor([[-100] * len(p_ids) + a_ids])
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and immune to a busy machine
+    try:
+        for _ in range(300):  # about 100 steps reach the threshold
+            loss = model(ids, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if loss.item() < 0.01:
+                break
+    finally:
+        torch.set_num_threads(threads)
+    out = tmp_path_factory.mktemp("taught")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def test_chat_completions_parse_the_models_tool_call(taught_model_dir):
+    with BackgroundEngine(EngineServer(taught_model_dir, max_running_requests=4)) as background:
+        with httpx.Client(base_url=background.url, timeout=60) as http:
+            body = {"messages": CHAT, "tools": TOOLS, "temperature": 0, "max_tokens": 64}
+            answer = http.post("/v1/chat/completions", json=body).json()
+            plain = http.post("/v1/chat/completions", json={**body, "tool_choice": "none"}).json()
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["function"]["name"] == "calculate"
+    assert json.loads(call["function"]["arguments"]) == CALL["arguments"]
+    assert plain["choices"][0]["finish_reason"] == "stop" and "<tool_call>" in plain["choices"][0]["message"]["content"]
