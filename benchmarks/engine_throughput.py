@@ -172,7 +172,6 @@ def bench_size(size: str, args: argparse.Namespace, workdir: Path) -> dict:
                                           "load_before": before, "load_after": load()}
             print(f"  {size} streams={n}: {result['tokens_per_s']} tok/s", flush=True)
     baselines("_after")
-    del model
     seq = max(out["hf_sequential"]["tokens_per_s"], out["hf_sequential_after"]["tokens_per_s"])
     ceiling = max(out["hf_static_batch"]["tokens_per_s"], out["hf_static_batch_after"]["tokens_per_s"])
     at32 = out.get("engine_streams_32", {}).get("tokens_per_s")

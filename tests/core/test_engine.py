@@ -440,11 +440,11 @@ def taught_model_dir(tiny_model_dir, tmp_path_factory):
 
 
 def test_chat_completions_parse_the_models_tool_call(taught_model_dir):
-    with BackgroundEngine(EngineServer(taught_model_dir, max_running_requests=4)) as background:
-        with httpx.Client(base_url=background.url, timeout=60) as http:
-            body = {"messages": CHAT, "tools": TOOLS, "temperature": 0, "max_tokens": 64}
-            answer = http.post("/v1/chat/completions", json=body).json()
-            plain = http.post("/v1/chat/completions", json={**body, "tool_choice": "none"}).json()
+    with (BackgroundEngine(EngineServer(taught_model_dir, max_running_requests=4)) as background,
+          httpx.Client(base_url=background.url, timeout=60) as http):
+        body = {"messages": CHAT, "tools": TOOLS, "temperature": 0, "max_tokens": 64}
+        answer = http.post("/v1/chat/completions", json=body).json()
+        plain = http.post("/v1/chat/completions", json={**body, "tool_choice": "none"}).json()
     choice = answer["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     [call] = choice["message"]["tool_calls"]
