@@ -19,6 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import random
+
     import anyio
 
     from agentrl_core.config import load_config
@@ -39,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             for index in indices:
                 for r in range(args.repeats):
-                    seed = args.seed * 1_000_003 + r
+                    # one seed per (run seed, index, repeat): episodes must not share a mistake pattern
+                    seed = random.Random(f"{args.seed}/{index}/{r}").randrange(2**31)
                     agent = env.oracle(args.split, index, error_rate=args.error_rate, seed=seed)
                     episodes.append(await play_episode(env, args.split, index, agent))
         finally:
