@@ -246,6 +246,19 @@ def test_grown_cache_and_slot_moves_after_long_requests(tiny_model_dir, referenc
         assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4, rtol=0), rid
 
 
+def test_long_prompts_are_prefilled_in_chunks(tiny_model_dir, reference):
+    scheduler = make_scheduler(tiny_model_dir, max_prefill_tokens=8)
+    prompt = list(range(300, 330))  # 30 tokens: chunks of 8, 8, 8 and 6
+    scheduler.start()
+    try:
+        result = _run(scheduler, "long", prompt, SamplingParams(max_new_tokens=4, temperature=1.0))
+    finally:
+        scheduler.stop()
+    assert scheduler.stats.prefill_forwards == 4
+    expected = reference_logprobs(reference, prompt, result.output_ids, 1.0)
+    assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4, rtol=0)
+
+
 def _run(scheduler, rid, ids, params):
     box = []
     event = threading.Event()
@@ -309,6 +322,17 @@ async def test_distributed_update_refused_unless_paused_and_complete(engine):
         finally:
             del engine.server.groups["probe"]
         assert response.status_code == 409 and "needs generation paused first" in response.json()["message"]
+
+
+async def test_a_cancelled_caller_frees_its_engine_slot(engine):
+    aborted = engine.server.scheduler.stats.aborted
+    async with EngineClient(engine.url) as client:
+        with anyio.move_on_after(0.5):  # the caller gives up long before 5000 tokens
+            await client.generate(PROMPTS[0], {"max_new_tokens": 5000, "ignore_eos": True})
+        with anyio.fail_after(30):
+            while (await client.server_info())["running"]:
+                await anyio.sleep(0.01)
+    assert engine.server.scheduler.stats.aborted == aborted + 1  # stopped by /abort_request, not by length
 
 
 async def test_pool_routes_sticky_and_least_loaded(engine):

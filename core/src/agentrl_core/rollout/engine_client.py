@@ -213,10 +213,20 @@ class EngineClient:
         params = dict(sampling_params or {})
         if "seed" in params:  # SGLang's name; a plain "seed" would be ignored there
             params["sampling_seed"] = params.pop("seed")
+        rid = rid or uuid.uuid4().hex
         payload = {"input_ids": [int(t) for t in input_ids], "sampling_params": params,
-                   "return_logprob": return_logprob, "rid": rid or uuid.uuid4().hex}
+                   "return_logprob": return_logprob, "rid": rid}
         start = time.monotonic()
-        data = await self._json("POST", "/generate", payload)
+        try:
+            data = await self._json("POST", "/generate", payload)
+        except anyio.get_cancelled_exc_class():
+            # the caller gave up (e.g. its trajectory was cancelled): free the engine's slot too
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                try:
+                    await self.http.post(self.url + "/abort_request", json={"rid": rid}, timeout=5)
+                except httpx.HTTPError as exc:
+                    log.debug("aborting %s on %s failed: %s", rid, self.url, exc)
+            raise
         result = GenerateResult.from_response(data, engine=self.url, pool=pool, latency=time.monotonic() - start)
         if return_logprob and len(result.logprobs) != len(result.output_ids):
             raise EngineError(f"{self.url}: {len(result.output_ids)} tokens came back with "

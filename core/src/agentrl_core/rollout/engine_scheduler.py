@@ -388,13 +388,27 @@ class Scheduler:
     # Forward passes
 
     def _prefill(self, requests: list[Request]) -> None:
+        chunk = self.max_prefill_tokens
         for group in _prefill_groups(requests, lambda r: len(r.input_ids) - r.cached_tokens):
-            t0 = time.perf_counter()
-            logits = self.model.extend([r.slot for r in group], [r.input_ids[r.cached_tokens:] for r in group],
-                                       [r.cached_tokens for r in group])
-            self.stats.forward_seconds += time.perf_counter() - t0
-            self.stats.prefill_forwards += 1
+            if len(group) == 1 and len(group[0].input_ids) - group[0].cached_tokens > chunk:
+                # a long prompt goes in chunks (bounded attention memory); only the last one samples
+                request = group[0]
+                start = request.cached_tokens
+                while len(request.input_ids) - start > chunk:
+                    self._extend([request], [request.input_ids[start : start + chunk]], [start])
+                    start += chunk
+                logits = self._extend([request], [request.input_ids[start:]], [start])
+            else:
+                logits = self._extend(group, [r.input_ids[r.cached_tokens:] for r in group],
+                                      [r.cached_tokens for r in group])
             self._sample_and_append(group, logits)
+
+    def _extend(self, requests: list[Request], tokens: list[list[int]], starts: list[int]) -> torch.Tensor:
+        t0 = time.perf_counter()
+        logits = self.model.extend([r.slot for r in requests], tokens, starts)
+        self.stats.forward_seconds += time.perf_counter() - t0
+        self.stats.prefill_forwards += 1
+        return logits
 
     def _decode(self, requests: list[Request]) -> None:
         t0 = time.perf_counter()
