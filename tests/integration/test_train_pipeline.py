@@ -1,0 +1,122 @@
+"""agentrl train end to end: a killed run resumes with the same groups; a killed worker is survived.
+
+Everything is real: the CLI, a local Ray, the embedded controller and task workers, the hf
+engine and the FSDP2 learner, on the tiny model and the calc example environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
+
+def write_config(tmp_path: Path, model: Path, name: str, **overrides) -> Path:
+    config = {
+        "run": {"name": name, "output_dir": str(tmp_path / name), "seed": 3},
+        "model": {"path": str(model)},
+        "tasks": [{"env": "calc", "split": "train", "limit": 12}],
+        "rollout": {"n_samples": 2, "batch_size": 2, "concurrency": 16, "max_turns": 3, "max_total_len": 768,
+                    "max_new_tokens": 24, "temperature": 1.0},
+        "loss": {"kl_coef": 0.0},
+        "optim": {"lr": 1.0e-4},
+        "train": {"mode": "async", "total_steps": 6, "device": "cpu", "checkpoint_every": 2},
+        "logging": {"loggers": ["jsonl"], "sample_rollouts": 0, "progress": True},
+    }
+    for key, value in overrides.items():
+        section, _, field = key.partition(".")
+        config[section][field] = value
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def agentrl(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agentrl_core.cli.main", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs)
+
+
+def trained(run_dir: Path) -> list[list[str]]:
+    lines = (run_dir / "trained_groups.jsonl").read_text().splitlines()
+    return [json.loads(line)["groups"] for line in lines if line.strip()]
+
+
+def epoch0(steps: list[list[str]]) -> list[str]:
+    return [g for step in steps for g in step if "-e0-" in g]
+
+
+def finish(proc: subprocess.Popen, timeout: float = 900) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def test_sigkill_and_resume_trains_the_same_groups(tmp_path, tiny_model_dir):
+    reference = write_config(tmp_path, tiny_model_dir, "uninterrupted")
+    out = finish(agentrl("train", str(reference)))
+    assert "training, per task" in out
+    groups_a = epoch0(trained(tmp_path / "uninterrupted"))
+    assert sorted(groups_a) == sorted(set(groups_a)) and len(groups_a) == 12  # the whole epoch, once each
+
+    config = write_config(tmp_path, tiny_model_dir, "killed")
+    run_dir = tmp_path / "killed"
+    proc = agentrl("train", str(config))
+    deadline = time.monotonic() + 900
+    # kill -9 once step 3 is logged (the last checkpoint is step 2's)
+    while not (run_dir / "trained_groups.jsonl").exists() or len(trained(run_dir)) < 3:
+        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    subprocess.run(["ray", "stop", "--force"], capture_output=True)  # the killed run's local Ray
+    assert (run_dir / "checkpoints" / "step_00000002").is_dir()
+
+    out = finish(agentrl("train", str(config), "--resume"))
+    assert "resumed from" in out and "at step 2" in out
+    groups_b = epoch0(trained(run_dir))
+    assert len(groups_b) == len(set(groups_b)), "a group was trained twice"
+    assert set(groups_b) == set(groups_a), "the resumed run skipped or added groups of the epoch"
+
+
+def test_killed_worker_is_survived_and_counted(tmp_path, tiny_model_dir):
+    config = write_config(tmp_path, tiny_model_dir, "worker_killed", **{"train.total_steps": 5})
+    cfg = yaml.safe_load(config.read_text())
+    cfg["controller"] = {"workers_per_env": 2, "heartbeat_interval": 1.0, "unresponsive_after": 3.0}
+    cfg["rollout"]["max_infra_retries"] = 3
+    config.write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "worker_killed"
+    proc = agentrl("train", str(config))
+    deadline = time.monotonic() + 900
+    while not (run_dir / "trained_groups.jsonl").exists():
+        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    victims = subprocess.run(["pgrep", "-f", f"worker --env calc .*{run_dir.name}|worker --env calc"],
+                             capture_output=True, text=True).stdout.split()
+    workers = [int(p) for p in victims if _is_child_worker(int(p), run_dir)]
+    assert len(workers) == 2
+    os.kill(workers[0], signal.SIGKILL)
+    finish(proc)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert max(m["step"] for m in metrics) == 5
+    infra = max(m.get("rollout/failure/infra", 0.0) + m.get("rollout/loop_exceptions", 0.0) for m in metrics)
+    assert infra > 0, "the sessions of the killed worker should show up as infrastructure failures"
+
+
+def _is_child_worker(pid: int, run_dir: Path) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    text = b" ".join(cmdline).decode(errors="replace")
+    return "worker" in text and str(run_dir) in text
