@@ -131,8 +131,9 @@ def make_token_players(
 class ResultWriter:
     """Collects results, writes trajectories.jsonl as they arrive, and the summary at the end."""
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path, mode: str = "single") -> None:
         self.out_dir = out_dir
+        self.mode = mode
         out_dir.mkdir(parents=True, exist_ok=True)
         self.results: list[EpisodeResult] = []
         self._file = open(out_dir / "trajectories.jsonl", "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
@@ -147,8 +148,8 @@ class ResultWriter:
 
     def summaries(self) -> dict[str, dict[str, TaskSummary]]:
         by_model: dict[str, list[EpisodeResult]] = {}
-        for r in self.results:
-            by_model.setdefault(r.model or "mix", []).append(r)
+        for r in self.results:  # mix: one pool of samples whatever model played each
+            by_model.setdefault("mix" if self.mode == "mix" else r.model, []).append(r)
         return {model: summarize(rs) for model, rs in sorted(by_model.items())}
 
     def close(self, extra: dict[str, Any] | None = None) -> dict[str, dict[str, TaskSummary]]:

@@ -98,7 +98,7 @@ class Evaluation:
         from agentrl_core.env.client import ControllerClient
 
         c = self.config
-        writer = ResultWriter(self.out_dir)
+        writer = ResultWriter(self.out_dir, "single" if self.openai else c.eval.mode)
         t0 = time.monotonic()
         async with ControllerClient(url) as client:
             if self.openai:
