@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -102,6 +103,12 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_load(url: str, mode: str, **options) -> dict:
@@ -194,10 +201,18 @@ def run_phases(args, url: str, worker_urls: list[str], controller, workers) -> d
           f"controller, {held['worker_kib_per_session']:.2f} KiB in the worker)", flush=True)
     for concurrency in (1, 64, 1024):
         load = os.getloadavg()[0]
-        phases[f"round_trips_c{concurrency}"] = {
-            **run_load(url, "rt", concurrency=concurrency, duration=args.duration), "load_avg_1m": load}
-        print(f"round trips at concurrency {concurrency}: {phases[f'round_trips_c{concurrency}']['per_second']:.0f}/s",
-              flush=True)
+        cpu = [cpu_seconds(p.pid) for p in (controller, *workers)]
+        run = {**run_load(url, "rt", concurrency=concurrency, duration=args.duration), "load_avg_1m": load}
+        used = [cpu_seconds(p.pid) - c for p, c in zip((controller, *workers), cpu, strict=True)]
+        # CPU per round trip does not depend on what else runs on the machine: it says where the
+        # time goes and what two idle cores could do (2 / total CPU seconds per round trip).
+        per_rt = {"controller": used[0], "workers": sum(used[1:]), "load_generator": run.pop("cpu_seconds")}
+        total = run["round_trips"] / run["seconds"] * (args.duration + 2.0)  # includes warm-up and set-up
+        run["cpu_us_per_round_trip"] = {k: round(v / total * 1e6, 1) for k, v in per_rt.items()}
+        run["idle_two_core_estimate_per_s"] = round(2e6 / sum(run["cpu_us_per_round_trip"].values()))
+        phases[f"round_trips_c{concurrency}"] = run
+        print(f"round trips at concurrency {concurrency}: {run['per_second']:.0f}/s; CPU per round trip "
+              f"{run['cpu_us_per_round_trip']} us (load {load:.1f})", flush=True)
     # The machine is shared and its load comes in bursts: alternate direct and controller runs
     # several times and report the median round, with every round kept in the JSON.
     for target in ("worker", "controller"):
@@ -224,6 +239,9 @@ def summarize(phases: dict) -> dict:
         "controller_kib_per_session": round(held["controller_kib_per_session"], 2),
         "worker_kib_per_session": round(held["worker_kib_per_session"], 2),
         "round_trips_per_s": {c: round(phases[f"round_trips_c{c}"]["per_second"]) for c in (1, 64, 1024)},
+        "cpu_us_per_round_trip_c64": phases["round_trips_c64"]["cpu_us_per_round_trip"],
+        "idle_two_core_estimate_per_s_c64": phases["round_trips_c64"]["idle_two_core_estimate_per_s"],
+        "load_average_1m_during_c64": round(phases["round_trips_c64"]["load_avg_1m"], 1),
         "latency_ms_at_500rps": {"median_of_rounds": len(worker["rounds"]),
                                  "direct_p50": worker["p50_ms"], "direct_p99": worker["p99_ms"],
                                  "controller_p50": ctl["p50_ms"], "controller_p99": ctl["p99_ms"],
@@ -327,7 +345,9 @@ async def load_rt(args) -> dict:
 
     await asyncio.gather(*(client(sid) for sid in sids))
     await api.cancel_all()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"concurrency": args.concurrency, "round_trips": done, "seconds": args.duration,
+            "cpu_seconds": usage.ru_utime + usage.ru_stime,
             "per_second": done / args.duration, "p50_ms": round(percentile(latencies, 0.5) * 1000, 3),
             "p99_ms": round(percentile(latencies, 0.99) * 1000, 3)}
 
