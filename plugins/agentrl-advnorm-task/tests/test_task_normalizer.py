@@ -6,12 +6,12 @@ import math
 
 import pytest
 import torch
+from agentrl_advnorm_task.normalizer import TaskNormalizer, TaskNormConfig
 
 from agentrl_core.config import load_config
 from agentrl_core.plugins import get_plugin_manager
 from agentrl_core.registry import Registry
 from agentrl_core.types import AdvantageBatch
-from agentrl_advnorm_task.normalizer import TaskNormalizer, TaskNormConfig
 
 EPS = 1e-6
 

@@ -9,12 +9,12 @@ import sys
 
 import anyio
 import pytest
+from agentrl_plugin_example.env import CalcConfig, CalcEnvironment, make_problem
 
 from agentrl_core.env import assistant_tool_call, play_episode, read_demonstrations
 from agentrl_core.plugins import get_plugin_manager
 from agentrl_core.registry import Registry
 from agentrl_core.testing import check_environment
-from agentrl_plugin_example.env import CalcConfig, CalcEnvironment, make_problem
 
 
 def test_entry_point_is_discovered_by_a_fresh_plugin_manager():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from agentrl_sampler_cross.sampler import CrossConfig, CrossSampler, cross_metrics
 
 from agentrl_core.config import load_config
 from agentrl_core.errors import ConfigError
@@ -12,7 +13,6 @@ from agentrl_core.plugins import get_plugin_manager
 from agentrl_core.registry import Registry
 from agentrl_core.rollout.sampler import turn_rng
 from agentrl_core.types import Trajectory, TurnContext, TurnRecord
-from agentrl_sampler_cross.sampler import CrossConfig, CrossSampler, cross_metrics
 
 
 def ctx(group="g", sample=0, turn=0, seed=0):

@@ -101,5 +101,5 @@ class Backend(abc.ABC):
         """Session databases created and not yet dropped."""
         return 0
 
-    async def aclose(self) -> None:  # noqa: B027 - optional hook
+    async def aclose(self) -> None:
         """Release backend-wide resources (connection pools)."""

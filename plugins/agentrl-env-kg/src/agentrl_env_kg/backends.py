@@ -52,7 +52,7 @@ class Backend(abc.ABC):
     async def select(self, query: str, *, max_rows: int | None = None) -> Rows:
         """Run a SELECT query; each row holds the projected variables' values, in order."""
 
-    async def aclose(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+    async def aclose(self) -> None:
         """Release connections and handles."""
 
 
