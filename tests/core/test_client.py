@@ -11,7 +11,7 @@ import pytest
 from test_control_plane import EchoEnv, fast_config
 
 from agentrl_core.env import Status, assistant_tool_call
-from agentrl_core.env._local import local_control_plane
+from agentrl_core.env._harness import local_control_plane
 from agentrl_core.env.client import (
     ControllerClient,
     ControllerTimeout,

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from agentrl_core.env import Status, assistant_tool_call
-from agentrl_core.env._local import Spawned, spawn
+from agentrl_core.env._harness import Spawned, spawn
 from agentrl_core.env.client import ControllerClient, NoCapacity
 
 pytestmark = [pytest.mark.processes, pytest.mark.anyio]
