@@ -123,7 +123,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("python", str(ROOT / "tests" / "write_importlinter.py"), str(ROOT / ".importlinter.generated"))
     _install(session, "-e", str(ROOT / "core"), *[x for d in PLUGINS.values() for x in ("--no-deps", "-e", str(d))])
-    session.run("lint-imports", "--config", str(ROOT / ".importlinter.generated"))
+    session.run("lint-imports", str(ROOT / ".importlinter.generated"))
 
 
 @nox.session(default=False)
