@@ -26,10 +26,14 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         os.environ["AGENTRL_CACHE_DIR"] = old
 
 
+# Generous timeouts: CI machines are small and shared; tests of the timeouts set their own.
+PATIENT = {"start_timeout": 600.0, "reset_timeout": 300.0, "step_timeout": 120.0}
+
+
 @pytest.fixture(scope="module")
 def env() -> Iterator[AlfworldEnvironment]:
     """One environment per module; its game processes are reused across tests."""
-    environment = AlfworldEnvironment(AlfworldConfig(concurrency=4))
+    environment = AlfworldEnvironment(AlfworldConfig(concurrency=4, **PATIENT))
     yield environment
     anyio.run(environment.aclose)
 
@@ -40,7 +44,7 @@ def make_env() -> Iterator:
     made: list[AlfworldEnvironment] = []
 
     def build(**overrides) -> AlfworldEnvironment:
-        made.append(AlfworldEnvironment(AlfworldConfig(**overrides)))
+        made.append(AlfworldEnvironment(AlfworldConfig(**{**PATIENT, **overrides})))
         return made[-1]
 
     yield build

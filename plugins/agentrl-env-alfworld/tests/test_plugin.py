@@ -39,7 +39,9 @@ def test_discovery_imports_nothing_heavy():
 
 
 def test_conformance():
-    report = check_environment("alfworld", oracle_samples=3)
+    report = check_environment(
+        "alfworld", {"start_timeout": 600, "reset_timeout": 300, "step_timeout": 120}, oracle_samples=3
+    )
     assert not report.failures
 
 
@@ -102,8 +104,9 @@ def test_installs_without_torch():
     assert "torch" not in closure and "ai2thor" not in closure
     code = (
         "import sys, anyio; from agentrl_env_alfworld.env import AlfworldEnvironment; from agentrl_core.env import play_episode\n"
+        "from agentrl_env_alfworld.config import AlfworldConfig\n"
         "async def main():\n"
-        "    env = AlfworldEnvironment()\n"
+        "    env = AlfworldEnvironment(AlfworldConfig(reset_timeout=300, step_timeout=120))\n"
         "    try:\n"
         "        ep = await play_episode(env, 'dev', 0, env.oracle('dev', 0))\n"
         "    finally:\n"
@@ -117,10 +120,12 @@ def test_installs_without_torch():
 
 def test_cli_writes_demonstrations(tmp_path):
     out = tmp_path / "demos.jsonl"
+    config = tmp_path / "demos.yaml"
+    config.write_text("environments:\n  alfworld: {reset_timeout: 300, step_timeout: 120}\n")
     env = {**os.environ, "AGENTRL_PLUGINS": ""}
     subprocess.run(
         [sys.executable, "-m", "agentrl_core.cli.main", "demos", "--env", "alfworld", "--split", "dev",
-         "--limit", "3", "--out", str(out)],
+         "--limit", "3", "--out", str(out), "--config", str(config)],
         check=True, env=env, capture_output=True, text=True,
     )
     records = list(read_demonstrations(out))

@@ -99,11 +99,19 @@ class WalkthroughOracle:
 
 
 async def play_oracle(
-    env: Any, split: str, indices: Sequence[int], *, concurrency: int = 2, error_rate: float = 0.0, seed: int = 0
+    env: Any,
+    split: str,
+    indices: Sequence[int],
+    *,
+    concurrency: int = 2,
+    error_rate: float = 0.0,
+    seed: int = 0,
+    on_episode: Callable[[int, Any], None] | None = None,
 ) -> list[Any]:
     """Play the oracle on ``indices`` with ``concurrency`` episodes at a time; episodes in index order.
 
     An episode that raises (an infrastructure failure) is returned as the exception.
+    ``on_episode(index, episode)`` is called as each one finishes (benchmarks sample memory there).
     """
     import anyio
 
@@ -120,6 +128,8 @@ async def play_oracle(
                 results[index] = await play_episode(env, split, index, agent)
             except Exception as exc:  # reported per episode by the caller
                 results[index] = exc
+            if on_episode is not None:
+                on_episode(index, results[index])
 
     async with anyio.create_task_group() as tg:
         for _ in range(max(1, concurrency)):
