@@ -40,23 +40,20 @@ def packed_attention_forward(
     """``[B, heads, T, d]`` in, ``[B, T, heads, d]`` out, causal within each packed sequence."""
     if query.shape[0] != 1 and kwargs.get("cu_seq_lens_q") is not None:
         raise ValueError("packed attention expects one row of packed sequences")
-    groups = getattr(module, "num_key_value_groups", 1)
-    if groups > 1:
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
-    dropout = dropout if module.training else 0.0
+    sdpa = dict(dropout_p=dropout if module.training else 0.0, is_causal=True, scale=scaling,
+                enable_gqa=getattr(module, "num_key_value_groups", 1) > 1)
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None:
-        out = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout, is_causal=True, scale=scaling)
+        out = F.scaled_dot_product_attention(query, key, value, **sdpa)
     else:
         bounds = cu.tolist() if isinstance(cu, torch.Tensor) else list(cu)
-        parts = [
-            F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e],
-                                           dropout_p=dropout, is_causal=True, scale=scaling)
-            for s, e in zip(bounds[:-1], bounds[1:], strict=True)
-            if e > s
-        ]
-        out = torch.cat(parts, dim=2)
+        sizes = [e - s for s, e in zip(bounds[:-1], bounds[1:], strict=True)]
+        if bounds[-1] < query.shape[2]:  # trailing positions outside every sequence
+            sizes.append(query.shape[2] - bounds[-1])
+        # split, not slicing: the backward of a split is one cat, while every slice's backward
+        # would fill a zero tensor of the whole row
+        parts = zip(query.split(sizes, dim=2), key.split(sizes, dim=2), value.split(sizes, dim=2), strict=True)
+        out = torch.cat([F.scaled_dot_product_attention(q, k, v, **sdpa) for q, k, v in parts], dim=2)
     return out.transpose(1, 2).contiguous(), None
 
 
