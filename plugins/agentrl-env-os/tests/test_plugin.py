@@ -139,3 +139,22 @@ def test_image_recipe_hashes_chain():
     hashes = recipe_hashes()
     assert set(hashes) == {"base", "default", "packages", "ubuntu"}
     assert len(set(hashes.values())) == 4 and all(len(h) == 12 for h in hashes.values())
+
+
+def test_the_wheel_ships_every_checked_data_file():
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: pytest depends on tomli there
+        import tomli as tomllib
+
+    from agentrl_env_os.checksums import SHA256
+
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    shipped = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    sources = [src.removeprefix("../../../shared/data/os/") for src in shipped]
+    for relpath in SHA256:
+        assert any(relpath == src or relpath.startswith(src + "/") for src in sources), relpath
+    for src, dest in shipped.items():
+        assert dest == "agentrl_env_os/data/" + src.removeprefix("../../../shared/data/os/")

@@ -31,7 +31,7 @@ def build_images(args: argparse.Namespace) -> int:
     config = OSConfig(image_prefix=args.prefix)
     _, api = _api(config)
     names = [n.strip() for n in args.only.split(",")] if args.only else list(IMAGE_NAMES)
-    builder = ImageBuilder(api, prefix=args.prefix, mirror=args.mirror)
+    builder = ImageBuilder(api, prefix=args.prefix, mirror=args.mirror, say=lambda line: print(line, flush=True))
     t0 = time.monotonic()
     try:
         refs = builder.build(names, force=args.force)

@@ -65,9 +65,22 @@ export PAGER=cat GIT_PAGER=cat SYSTEMD_PAGER=cat
 
 _APT = "apt-get -y -q -o Dpkg::Options::=--force-unsafe-io -o Dpkg::Use-Pty=0"
 
+# As in Ubuntu's container images: no manuals, docs or translations (also a faster build).
+DPKG_EXCLUDES = """path-exclude=/usr/share/man/*
+path-exclude=/usr/share/doc/*
+path-include=/usr/share/doc/*/copyright
+path-exclude=/usr/share/info/*
+path-exclude=/usr/share/groff/*
+path-exclude=/usr/share/lintian/*
+path-exclude=/usr/share/locale/*
+path-include=/usr/share/locale/locale.alias
+"""
+
 DEFAULT_SCRIPT = f"""
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
+cat > /etc/dpkg/dpkg.cfg.d/excludes <<'AGENTRL_EOF'
+{DPKG_EXCLUDES}AGENTRL_EOF
 echo "deb $MIRROR {SUITE} main" > /etc/apt/sources.list
 rm -f /etc/apt/sources.list.d/*
 {_APT} update
@@ -134,6 +147,16 @@ def image_ref(name: str, prefix: str = "agentrl-os", tag: str | None = None) -> 
     return f"{prefix}/{name}:{tag or recipe_hashes()[name]}"
 
 
+def _build_dir() -> str:
+    """Where debootstrap writes the root file system: tmpfs when it has room (no fsync cost:
+    about 3x faster here), else /var/tmp."""
+    try:
+        free = shutil.disk_usage("/dev/shm").free
+    except OSError:
+        free = 0
+    return "/dev/shm" if free > 2 * 1024**3 else "/var/tmp"
+
+
 def _tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
@@ -148,7 +171,7 @@ class ImageBuilder:
         self.api = api
         self.prefix = prefix
         self.mirror = mirror
-        self.workdir = workdir or os.environ.get("TMPDIR_BUILD") or "/var/tmp"
+        self.workdir = workdir or os.environ.get("AGENTRL_OS_BUILD_DIR") or _build_dir()
         self.say = say
         self.tags = recipe_hashes()
         self.timings: dict[str, float] = {}
@@ -243,7 +266,7 @@ class ImageBuilder:
         container = self.api.create_container(
             self.ref(parent), command=["bash", "-c", script], user="root", working_dir="/root",
             environment={"MIRROR": self.mirror}, host_config=host_config,
-            labels={"agentrl.env-os.build": name},
+            name=f"agentrl-os-build-{name}-{os.getpid()}",  # no labels: the image would inherit them
         )["Id"]
         try:
             self.api.start(container)
@@ -256,13 +279,18 @@ class ImageBuilder:
             self.api.remove_container(container, force=True)
 
     def prune(self) -> list[str]:
-        """Remove images of this prefix whose tag is not the current recipe hash."""
+        """Remove images of this prefix whose tag is not the current recipe hash (unless in use)."""
+        import docker.errors
+
         removed = []
         current = {self.ref(name) for name in self.tags}
         for image in self.api.images():
             for ref in image.get("RepoTags") or []:
                 repo, _, tag = ref.rpartition(":")
                 if repo.startswith(self.prefix + "/") and tag != "latest" and ref not in current:
-                    self.api.remove_image(ref)
-                    removed.append(ref)
+                    try:
+                        self.api.remove_image(ref)
+                        removed.append(ref)
+                    except docker.errors.APIError as exc:  # e.g. a running episode still uses it
+                        self.say(f"kept {ref}: {exc.explanation or exc}")
         return removed
