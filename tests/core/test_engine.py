@@ -109,6 +109,32 @@ async def test_many_requests_leaving_at_different_steps_keep_exact_logprobs(engi
         assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4, rtol=0), i
 
 
+@pytest.mark.parametrize("arch", ["qwen2_untied_gqa7", "llama", "qwen3"])
+def test_forward_matches_transformers_for_other_supported_layouts(arch, tmp_path):
+    """Qwen2.5-7B-like (untied embeddings, 7:1 GQA, rope 1e6), Llama and Qwen3 (q/k norms) layouts."""
+    common = dict(vocab_size=300, hidden_size=112, intermediate_size=160, num_hidden_layers=2,
+                  max_position_embeddings=512)
+    if arch == "qwen2_untied_gqa7":
+        config = transformers.Qwen2Config(**common, num_attention_heads=7, num_key_value_heads=1,
+                                          tie_word_embeddings=False, rope_theta=1e6)
+    elif arch == "llama":
+        config = transformers.LlamaConfig(**common, num_attention_heads=4, num_key_value_heads=2)
+    else:
+        config = transformers.Qwen3Config(**common, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(tmp_path)
+    engine = EngineModel(load_hf_model(tmp_path, dtype="float32"), max_slots=4, max_context=512)
+    seqs = [torch.randint(0, 300, (n,)).tolist() for n in (9, 4, 17)]
+    prefill = engine.extend([0, 1, 2], [s[:-1] for s in seqs], [0, 0, 0])
+    decode = engine.extend([0, 1, 2], [[s[-1]] for s in seqs], [len(s) - 1 for s in seqs])
+    with torch.no_grad():
+        for i, s in enumerate(seqs):
+            logits = model(torch.tensor([s])).logits[0]
+            assert torch.allclose(prefill[i], logits[-2], atol=1e-4), arch
+            assert torch.allclose(decode[i], logits[-1], atol=1e-4), arch
+
+
 def test_truncation_by_hand():
     probs = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
     assert truncate(probs, top_k=2).tolist() == pytest.approx([0.5, 0.2, 0, 0, 0])
