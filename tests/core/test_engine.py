@@ -213,7 +213,7 @@ def test_requests_join_and_leave_every_step(tiny_model_dir):
 
     scheduler.pause()  # queue a and b, then start them in the same step
     scheduler.submit(Request("a", [1, 2, 3, 4], SamplingParams(max_new_tokens=6), collect))
-    scheduler.submit(Request("b", [9, 8], SamplingParams(max_new_tokens=2), collect))
+    scheduler.submit(Request("b", [9, 8, 7], SamplingParams(max_new_tokens=2), collect))
     scheduler.start()
     try:
         scheduler.call(scheduler.resume).result(30)

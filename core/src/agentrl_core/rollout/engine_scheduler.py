@@ -578,7 +578,7 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _prefill_groups(requests: list[Request], length: Callable[[Request], int]) -> list[list[Request]]:
-    """Batch prefills of similar length: padding at most doubles the work of a group."""
+    """Batch prefills of similar length: padding adds at most a quarter to the work of a group."""
     ordered = sorted(requests, key=length, reverse=True)
     groups: list[list[Request]] = []
     for request in ordered:
@@ -586,7 +586,7 @@ def _prefill_groups(requests: list[Request], length: Callable[[Request], int]) -
             group = groups[-1]
             width = length(group[0])
             real = sum(length(r) for r in group) + length(request)
-            if width * (len(group) + 1) <= 2 * real:
+            if 4 * width * (len(group) + 1) <= 5 * real:
                 group.append(request)
                 continue
         groups.append([request])
