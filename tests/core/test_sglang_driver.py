@@ -132,3 +132,22 @@ def test_a_server_that_dies_during_startup_is_reported_with_its_log(tmp_path, mo
                           log_dir=str(tmp_path / "logs"))
     with driver, pytest.raises(EngineLaunchError, match="(?s)exited with code 2.*no-such-flag"):
         driver.launch("current", "/models/fake", [[0]])
+
+
+def test_hf_driver_maps_placements_to_engine_command_lines(tmp_path):
+    from agentrl_core.config import HFEngineOptions
+    from agentrl_core.rollout.hf_driver import HFDriver, engine_slots
+
+    assert engine_slots([[0, 1], [2]], "cpu") == [{"device": "cpu", "cpus": [0, 1]}, {"device": "cpu", "cpus": [2]}]
+    assert engine_slots([[3]], "cuda") == [{"device": "cuda", "gpus": [3]}]
+    assert engine_slots(["cuda:1", "cpu", 2], "cpu") == [
+        {"device": "cuda", "gpus": [1]}, {"device": "cpu", "cpus": []}, {"device": "cpu", "cpus": [2]}]
+    driver = HFDriver(engine=EngineConfig(hf=HFEngineOptions(max_running_requests=8, threads=3, dtype="bfloat16")),
+                      python="py", max_context=4096)
+    cmd, env = driver.command("/m", {"device": "cpu", "cpus": [0, 1]}, tmp_path / "p.json", "current-0")
+    assert cmd == ["py", "-m", "agentrl_core.cli.main", "engine", "serve", "--model", "/m", "--host", "127.0.0.1",
+                   "--port", "0", "--port-file", str(tmp_path / "p.json"), "--max-running-requests", "8",
+                   "--dtype", "bfloat16", "--served-model-name", "current-0", "--device", "cpu", "--cpus", "0,1",
+                   "--threads", "3", "--max-context", "4096"] and env == {}
+    cmd, env = driver.command("/m", {"device": "cuda", "gpus": [2]}, tmp_path / "p.json", "stale-0")
+    assert env == {"CUDA_VISIBLE_DEVICES": "2"} and cmd[-4:] == ["--device", "cuda", "--max-context", "4096"]
