@@ -25,6 +25,7 @@ handlers only validate, queue and await, so the event loop never runs a forward 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -669,6 +670,10 @@ def serve_main(args: Any) -> int:
         weight_version=version, seed=args.seed, served_model_name=args.served_model_name,
         prefix_cache=not args.no_prefix_cache,
     )
+
+    # the start-up objects (transformers, the model) live as long as the process: keep them out of
+    # every collection, including the one at exit (seconds on a busy machine, past a driver's grace)
+    gc.freeze()
 
     def listening(url: str) -> None:
         print(f"agentrl engine listening on {url}", flush=True)
