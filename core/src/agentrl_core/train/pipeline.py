@@ -31,7 +31,7 @@ from agentrl_core.config import Config, config_to_dict
 from agentrl_core.errors import AgentrlError, ConfigError
 from agentrl_core.registry import Registry
 from agentrl_core.train.rollout_manager import RolloutManager, warmup_minimum
-from agentrl_core.train.step_metrics import batch_metrics, sample_rollouts
+from agentrl_core.train.step_metrics import batch_metrics, lag_histogram, sample_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +228,9 @@ class Trainer:
         metrics: dict[str, Any] = {
             "step": self.step,
             **batch_metrics(trajectories, version),
+            # action tokens per version lag, and turns regenerated after a weight-sync abort (wasted decoding)
+            **{f"version_lag/tokens/{lag}": float(n) for lag, n in lag_histogram(trajectories, version).items()},
+            "rollout/aborted_turns": float(sum(t.metrics.get("aborted_turns", 0) for t in trajectories)),
             **{f"learner/{k}": v for k, v in learner_metrics.items()},
             **sync_metrics,
             **self.manager.metrics(),
