@@ -178,3 +178,13 @@ def test_train_samples_cut_rows_to_each_trajectory():
     samples = train_samples(trajs, out.advantages)
     assert [s.advantages for s in samples] == [[0.0, 1.0, 1.0], [0.0, -1.0]]
     assert samples[1].old_logprobs == [0.0, 0.0] and samples[0].group_id == "g"
+
+
+def test_grpo_negated_is_the_sign_flipped_control():
+    # the learning benchmark's control run: group a of test_grpo_hand_computed, negated
+    adv = Registry().build("advantage_estimator", "grpo_negated")(REWARDS, GROUPS, MASK)
+    hi = (2 / 3) / (1 / math.sqrt(3) + 1e-6)
+    lo = (-1 / 3) / (1 / math.sqrt(3) + 1e-6)
+    torch.testing.assert_close(adv[0], torch.tensor([0, -hi, -hi, 0]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(adv[2], torch.tensor([0, 0, -lo, -lo]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(adv, -grpo_advantages(REWARDS, GROUPS, MASK), rtol=0, atol=0)

@@ -48,7 +48,7 @@ def test_plugins_lists_broken_plugin_and_strict_mode_fails(tmp_path):
 def test_plugins_all_shows_core_builtins():
     out = agentrl("plugins", "--json", "--all")
     core = next(r for r in json.loads(out.stdout) if r["name"] == "core")
-    assert core["provides"]["advantage_estimator"] == ["grpo", "reinforce_pp_baseline", "rloo"]
+    assert core["provides"]["advantage_estimator"] == ["grpo", "grpo_negated", "reinforce_pp_baseline", "rloo"]
 
 
 def test_config_error_exit_code(tmp_path):

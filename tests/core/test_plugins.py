@@ -31,7 +31,7 @@ BROKEN = "raise RuntimeError('this plugin is broken on purpose')\n"
 
 def test_builtins_are_registered_explicitly():
     reg = Registry(get_plugin_manager(load_entry_points=False))
-    assert reg.names("advantage_estimator") == ["grpo", "reinforce_pp_baseline", "rloo"]
+    assert reg.names("advantage_estimator") == ["grpo", "grpo_negated", "reinforce_pp_baseline", "rloo"]
     assert reg.names("sampler") == ["current"]
     assert reg.names("policy_loss") == ["ppo_dual_clip"]
     assert reg.names("weight_sync_transport") == ["collective", "disk"]

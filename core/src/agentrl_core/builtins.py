@@ -38,6 +38,10 @@ def agentrl_advantage_estimators():
             description="(r - group mean) / (group std + 1e-6)",
         ),
         AdvantageEstimatorSpec(
+            name="grpo_negated", factory="agentrl_core.train.advantages:grpo_negated_estimator",
+            description="minus grpo: a control run that must not learn (benchmarks/learning.py)",
+        ),
+        AdvantageEstimatorSpec(
             name="rloo", factory="agentrl_core.train.advantages:rloo_estimator",
             description="leave-one-out baseline",
         ),

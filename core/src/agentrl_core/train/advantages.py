@@ -11,6 +11,9 @@ to the trajectory's loss-masked tokens (zero elsewhere). The formulas are upstre
   keeps ``r``.
 * ``reinforce_pp_baseline``: ``r - group mean`` broadcast to the tokens, then whitened
   over every loss-masked token of the batch (mean 0, unbiased variance 1).
+* ``grpo_negated``: minus ``grpo``. A negative control, not a training method: it pushes
+  the policy away from rewarded behaviour, so a run with it must not improve
+  (``benchmarks/learning.py`` uses it to show that its improvement is not an artefact).
 
 The ``*_estimator`` names are the registry factories: ``factory(config) -> estimator``.
 :func:`apply_normalizers` runs the configured ``agentrl_advantage_normalizers`` after the
@@ -31,9 +34,11 @@ WHITEN_EPS = 1e-8
 
 __all__ = [
     "grpo_advantages",
+    "grpo_negated_advantages",
     "rloo_advantages",
     "reinforce_pp_baseline_advantages",
     "grpo_estimator",
+    "grpo_negated_estimator",
     "rloo_estimator",
     "reinforce_pp_baseline_estimator",
     "masked_whiten",
@@ -80,6 +85,11 @@ def grpo_advantages(rewards: Any, group_ids: Sequence[str], loss_mask: torch.Ten
     return _broadcast(scores, loss_mask)
 
 
+def grpo_negated_advantages(rewards: Any, group_ids: Sequence[str], loss_mask: torch.Tensor) -> torch.Tensor:
+    """Minus :func:`grpo_advantages`: the sign-flipped control of the learning benchmark."""
+    return -grpo_advantages(rewards, group_ids, loss_mask)
+
+
 def rloo_advantages(rewards: Any, group_ids: Sequence[str], loss_mask: torch.Tensor) -> torch.Tensor:
     """RLOO: ``r * n/(n-1) - mean * n/(n-1)``, i.e. ``r`` minus the mean of the others."""
     r = _check(rewards, group_ids, loss_mask)
@@ -122,6 +132,11 @@ def reinforce_pp_baseline_advantages(rewards: Any, group_ids: Sequence[str], los
 def grpo_estimator(config: Any = None, **_: Any):
     """Registry factory for ``grpo``."""
     return grpo_advantages
+
+
+def grpo_negated_estimator(config: Any = None, **_: Any):
+    """Registry factory for ``grpo_negated`` (a control that must not learn; see the module docstring)."""
+    return grpo_negated_advantages
 
 
 def rloo_estimator(config: Any = None, **_: Any):
