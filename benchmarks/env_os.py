@@ -5,8 +5,9 @@
 Needs agentrl-env-os installed and the Docker engine with the task images
 (``plugins/agentrl-env-os/tests/ci_setup.sh`` as root prepares both). Measured:
 
-1. image build: with ``--rebuild`` the images are rebuilt from scratch (debootstrap included)
-   and each step is timed; otherwise the existing images are recorded;
+1. image build: with ``--rebuild`` a complete set is built from scratch (debootstrap included)
+   under a separate name prefix, each step timed, and removed again; the images in use are
+   recorded either way;
 2. the oracle over the full ``std`` set (``--quick``: 30 tasks) at concurrency 8: reward-1
    rate, every miss with its cause, episodes per minute, and the container-ready latency
    (container created and started or taken from the warm pool, shell answering) of every
@@ -87,15 +88,20 @@ def images(rebuild: bool) -> dict:
     api.timeout = 3600
     out: dict = {"load_before": load()}
     if rebuild:
-        builder = ImageBuilder(api, say=lambda s: print("  " + s, flush=True))
-        for name in [*IMAGE_NAMES, "base"]:
-            for ref in (builder.ref(name), f"{builder.prefix}/{name}:latest"):
-                try:
-                    api.remove_image(ref, force=True)
-                except Exception:
-                    pass
-        builder.build(IMAGE_NAMES, force=True)
-        out["build_seconds"] = {k: round(v, 1) for k, v in builder.timings.items()}
+        # A from-scratch build under a separate prefix: the images in use stay untouched.
+        prefix = "agentrl-os-buildbench"
+        builder = ImageBuilder(api, prefix=prefix, say=lambda s: print("  " + s, flush=True))
+        try:
+            builder.build(IMAGE_NAMES, force=True)
+            out["build_seconds"] = {k: round(v, 1) for k, v in builder.timings.items()}
+            out["build_dir"] = builder.workdir
+        finally:
+            for name in ["ubuntu", "packages", "default", "base"]:
+                for ref in (builder.ref(name), f"{prefix}/{name}:latest"):
+                    try:
+                        api.remove_image(ref, force=True)
+                    except Exception:
+                        pass
     out["images"] = {}
     for name in IMAGE_NAMES:
         info = api.inspect_image(image_ref(name))

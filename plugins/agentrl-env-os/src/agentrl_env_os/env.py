@@ -101,6 +101,8 @@ def format_observation(result: ShellResult, config: OSConfig) -> str:
 
 
 class OSSession(ToolSession):
+    """One episode: its container, its shell, and the evaluation at the end."""
+
     def __init__(self, env: OSEnvironment, task: Task) -> None:
         super().__init__(TOOLS, max_rounds=env.config.round_limit)
         self.env = env
@@ -183,10 +185,15 @@ class OSSession(ToolSession):
 
     async def on_close(self) -> None:
         with anyio.CancelScope(shield=True):
+            if self.shell is not None:
+                await self.shell.close()
+            target = self.container_id or self.name
             try:
-                if self.shell is not None:
-                    await self.shell.close()
-                await self.env.backend.call(self.env.backend.remove, self.container_id or self.name)
+                await self.env.backend.call(self.env.backend.remove, target)
+            except Exception as exc:  # retried by aclose; the sweeper and the lifetime are the backstops
+                log.warning("could not remove container %s: %s", target, exc)
+                self.env.orphans.add(target)
+                raise
             finally:
                 self.env.live.pop(self.name, None)
 
@@ -203,6 +210,7 @@ class OSEnvironment(Environment):
         self.backend = DockerBackend(self.config)
         self.pool = WarmPool(self.backend, self.config.warm_pool, self.config.container_lifetime_s / 2)
         self.live: dict[str, str | None] = {}  # session name -> container id (None while creating)
+        self.orphans: set[str] = set()  # containers whose removal failed at close
         self._checked_images: dict[str, str] = {}
         self._lock = anyio.Lock()
         self._prepared = False
@@ -253,12 +261,15 @@ class OSEnvironment(Environment):
         return OSOracle(self.task(split, index), error_rate=error_rate, seed=seed)
 
     def resource_count(self) -> int:
-        return len(self.live)
+        """Containers of sessions not yet closed, plus any whose removal failed."""
+        return len(self.live) + len(self.orphans)
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             await self.backend.call(self.pool.close)
-            for name, container_id in list(self.live.items()):  # sessions nobody closed
-                await self.backend.call(self.backend.remove, container_id or name)
-                self.live.pop(name, None)
+            leftovers = [cid or name for name, cid in self.live.items()] + list(self.orphans)  # never closed / failed
+            for target in leftovers:
+                await self.backend.call(self.backend.remove, target)
+            self.live.clear()
+            self.orphans.clear()
             await self.backend.call(self.backend.close)

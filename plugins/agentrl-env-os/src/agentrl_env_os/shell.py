@@ -188,7 +188,11 @@ class InteractiveShell:
         The shell is back when it prints a prompt (PROMPT_COMMAND's marker); only then is a
         new sentinel typed, so a dying program that reads the terminal cannot swallow it.
         """
-        await self._send(b"\x03")
+        try:
+            await self._send(b"\x03")
+        except ShellError:  # the shell is gone
+            await self._replace(kill=False)
+            return ShellResult(output, None, timed_out=True, stopped_by="restart", unresponsive=self.unresponsive)
         back, more, eof = await self._wait_for_prompt(self.interrupt_grace)
         output += more
         stopped_by = "interrupt"
