@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import learner_hooks
 
 from agentrl_core.rollout.engine_client import EngineClient, EnginePool
-from agentrl_core.rollout.engine_server import BackgroundEngine, EngineServer
+from agentrl_core.rollout.engine_process import BackgroundEngine
+from agentrl_core.rollout.engine_server import EngineServer
 from agentrl_core.rollout.model_init import init_model
 
 RESULTS = Path(__file__).parents[1] / "results" / "gpu_check.json"

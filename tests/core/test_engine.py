@@ -13,8 +13,10 @@ import transformers
 
 from agentrl_core.rollout.engine_client import EngineClient, EngineError, EnginePool
 from agentrl_core.rollout.engine_model import EngineModel, load_hf_model
-from agentrl_core.rollout.engine_scheduler import Request, SamplingParams, Scheduler, truncate
-from agentrl_core.rollout.engine_server import BackgroundEngine, EngineServer
+from agentrl_core.rollout.engine_process import BackgroundEngine
+from agentrl_core.rollout.engine_sampling import SamplingParams, truncate
+from agentrl_core.rollout.engine_scheduler import Request, Scheduler
+from agentrl_core.rollout.engine_server import EngineServer
 
 pytestmark = pytest.mark.anyio
 

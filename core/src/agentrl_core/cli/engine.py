@@ -32,6 +32,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from agentrl_core.rollout.engine_server import serve_main
+    from agentrl_core.rollout.engine_process import serve_main
 
     return serve_main(args)

@@ -25,11 +25,8 @@ handlers only validate, queue and await, so the event loop never runs a forward 
 from __future__ import annotations
 
 import asyncio
-import gc
-import json
 import logging
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -37,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_core.env._http import App, HTTPError, Request, Response, bind_socket, json_response, serve_app
-from agentrl_core.rollout.engine_scheduler import Completion, EngineConflict, SamplingParams, Scheduler
+from agentrl_core.rollout.engine_sampling import SamplingParams
+from agentrl_core.rollout.engine_scheduler import Completion, EngineConflict, Scheduler
 from agentrl_core.rollout.engine_scheduler import Request as EngineRequest
 
 log = logging.getLogger(__name__)
@@ -213,16 +211,18 @@ class EngineServer:
             ("POST", "/destroy_weights_update_group", self.destroy_weights_update_group),
             ("POST", "/update_weights_from_distributed", self.update_weights_from_distributed),
             ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
-            ("POST", "/v1/chat/completions", self.chat_completions),
-            ("GET", "/v1/models", self.list_models),
         ]:
             app.route(method, path, handler)
+        from agentrl_core.rollout import engine_openai
+
+        app.route("POST", "/v1/chat/completions", lambda request: engine_openai.chat_completions(self, request))
+        app.route("GET", "/v1/models", lambda request: engine_openai.list_models(self, request))
         return app
 
     async def _command(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.wrap_future(self.scheduler.call(fn))
 
-    async def _complete(self, rid: str, input_ids: list[int], params: SamplingParams) -> Completion:
+    async def complete(self, rid: str, input_ids: list[int], params: SamplingParams) -> Completion:
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
 
@@ -239,7 +239,7 @@ class EngineServer:
             self.scheduler.cancel(rid)
             raise
 
-    def _check_ids(self, ids: Any, what: str) -> list[int]:
+    def check_ids(self, ids: Any, what: str) -> list[int]:
         vocab = self.model.vocab_size
         if not isinstance(ids, list) or not ids:
             raise HTTPError(400, f"{what} must be a non-empty list of token ids")
@@ -253,7 +253,7 @@ class EngineServer:
                                  f"{self.model.max_context} (start it with a larger --max-context)")
         return ids
 
-    def _text(self, completion: Completion, params: SamplingParams, no_stop_trim: bool) -> str:
+    def output_text(self, completion: Completion, params: SamplingParams, no_stop_trim: bool) -> str:
         ids = completion.output_ids
         reason = completion.finish_reason
         matched = reason.get("matched")
@@ -270,13 +270,13 @@ class EngineServer:
         if body.get("stream"):
             raise HTTPError(400, "streaming is not supported by the hf engine; send stream=false")
         if "input_ids" in body and body["input_ids"] is not None:
-            input_ids = self._check_ids(body["input_ids"], "input_ids")
+            input_ids = self.check_ids(body["input_ids"], "input_ids")
         elif isinstance(body.get("text"), str):
-            input_ids = self._check_ids(self.tokenizer.encode(body["text"], add_special_tokens=False), "text")
+            input_ids = self.check_ids(self.tokenizer.encode(body["text"], add_special_tokens=False), "text")
         else:
             raise HTTPError(400, "send input_ids (a list of token ids) or text")
         rid = str(body.get("rid") or uuid.uuid4().hex)
-        completion = await self._complete(rid, input_ids, params)
+        completion = await self.complete(rid, input_ids, params)
         reason = completion.finish_reason
         if reason.get("status_code"):
             raise HTTPError(int(reason["status_code"]), reason.get("message", "the request failed"))
@@ -295,7 +295,7 @@ class EngineServer:
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(
                 completion.logprobs, completion.output_ids, strict=True)]
-        return {"text": self._text(completion, params, no_stop_trim), "output_ids": completion.output_ids,
+        return {"text": self.output_text(completion, params, no_stop_trim), "output_ids": completion.output_ids,
                 "meta_info": meta}
 
     async def health(self, request: Request) -> Response:
@@ -481,69 +481,6 @@ class EngineServer:
         return _weight_response(True, f"Succeeded to update model weights from {path}; weight version "
                                       f"{scheduler.weight_version}.", num_paused_requests=aborted)
 
-    # ------------------------------------------------------------------------------
-    # OpenAI
-
-    async def list_models(self, request: Request) -> Any:
-        return {"object": "list", "data": [{"id": self.served_model_name, "object": "model", "created": int(self.started),
-                                            "owned_by": "agentrl", "root": self.model_path}]}
-
-    async def chat_completions(self, request: Request) -> Any:
-        body = request.json_object()
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise HTTPError(400, "messages must be a non-empty list of message objects")
-        tools = body.get("tools") or None
-        if tools is not None and not isinstance(tools, list):
-            raise HTTPError(400, "tools must be a list of OpenAI function tools")
-        tool_choice = body.get("tool_choice", "auto")
-        if tool_choice not in ("auto", "none", None):
-            raise HTTPError(400, f"tool_choice {tool_choice!r} is not supported by the hf engine; use 'auto' or 'none'")
-        if body.get("stream"):
-            raise HTTPError(400, "streaming is not supported by the hf engine; send stream=false")
-        if body.get("n", 1) != 1:
-            raise HTTPError(400, "n must be 1")
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        raw = {"temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
-               "stop": body.get("stop"), "seed": body.get("seed"),
-               "max_new_tokens": max_tokens if max_tokens is not None else self.model.max_context}
-        for key in ("top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
-            if body.get(key) is not None:
-                raw[key] = body[key]
-        params, _ = parse_sampling_params({k: v for k, v in raw.items() if v is not None})
-        extra = body.get("chat_template_kwargs") or {}
-        try:
-            prompt = await asyncio.to_thread(
-                self.tokenizer.apply_chat_template, messages, tools=tools, add_generation_prompt=True,
-                tokenize=False, **extra)
-        except Exception as exc:
-            raise HTTPError(400, f"the chat template could not render these messages: {type(exc).__name__}: {exc}") from None
-        input_ids = self._check_ids(self.tokenizer.encode(prompt, add_special_tokens=False), "the rendered prompt")
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
-        completion = await self._complete(rid, input_ids, params)
-        reason = completion.finish_reason
-        if reason["type"] == "abort":
-            raise HTTPError(int(reason.get("status_code") or 503), reason.get("message", "aborted"))
-        text = self._text(completion, params, no_stop_trim=False)
-        message: dict[str, Any] = {"role": "assistant", "content": text}
-        finish = "length" if reason["type"] == "length" else "stop"
-        if tools and tool_choice != "none":
-            calls, normal, _ = self.tool_parser.parse(text, tools)
-            if calls:
-                message = {"role": "assistant", "content": normal or None, "tool_calls": calls}
-                finish = "tool_calls"
-        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
-        if body.get("logprobs"):
-            pieces = [self.tokenizer.decode([t], skip_special_tokens=False) for t in completion.output_ids]
-            choice["logprobs"] = {"content": [
-                {"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
-                for piece, lp in zip(pieces, completion.logprobs, strict=True)]}
-        usage = {"prompt_tokens": completion.prompt_tokens, "completion_tokens": len(completion.output_ids),
-                 "total_tokens": completion.prompt_tokens + len(completion.output_ids)}
-        return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": self.served_model_name,
-                "choices": [choice], "usage": usage, "metadata": {"weight_version": completion.weight_version}}
-
-
 # ---------------------------------------------------------------------------------------
 # Checkpoints and checks
 
@@ -592,95 +529,3 @@ def _url_host(host: str) -> str:
     if host in ("0.0.0.0", "::", ""):
         return "127.0.0.1"
     return f"[{host}]" if ":" in host else host
-
-
-# ---------------------------------------------------------------------------------------
-# Running an engine in a background thread (tests, benchmarks, notebooks)
-
-
-class BackgroundEngine:
-    """Serve an :class:`EngineServer` from a thread with its own event loop; ``url`` once listening."""
-
-    def __init__(self, server: EngineServer, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.server = server
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self.url = ""
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, args=(host, port), name="engine-http", daemon=True)
-
-    def start(self, timeout: float = 60.0) -> BackgroundEngine:
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise TimeoutError(f"the engine did not start listening within {timeout} s")
-        if self._error is not None:
-            raise RuntimeError(f"the engine failed to start: {self._error}") from self._error
-        return self
-
-    def _main(self, host: str, port: int) -> None:
-        async def run() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
-
-            def listening(url: str) -> None:
-                self.url = url
-                self._ready.set()
-
-            await self.server.serve(host, port, stop=self._stop, on_listening=listening)
-
-        try:
-            asyncio.run(run())
-        except BaseException as exc:
-            self._error = exc
-            log.exception("background engine failed")
-        finally:
-            self._ready.set()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(timeout)
-
-    def __enter__(self) -> BackgroundEngine:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-
-def serve_main(args: Any) -> int:
-    """Entry of ``agentrl engine serve`` (arguments parsed by ``agentrl_core.cli.engine``)."""
-    import torch
-
-    from agentrl_core.env._http import run_event_loop
-
-    if args.cpus:
-        cores = sorted({int(c) for c in str(args.cpus).split(",") if c.strip()})
-        os.sched_setaffinity(0, cores)
-        torch.set_num_threads(args.threads or len(cores))
-    elif args.threads:
-        torch.set_num_threads(args.threads)
-    version: Any = args.weight_version
-    if isinstance(version, str) and version.lstrip("-").isdigit():
-        version = int(version)
-    server = EngineServer(
-        args.model, device=args.device, dtype=args.dtype, max_running_requests=args.max_running_requests,
-        max_context=args.max_context, max_prefill_tokens=args.max_prefill_tokens, tool_parser=args.tool_call_parser,
-        weight_version=version, seed=args.seed, served_model_name=args.served_model_name,
-        prefix_cache=not args.no_prefix_cache,
-    )
-
-    # the start-up objects (transformers, the model) live as long as the process: keep them out of
-    # every collection, including the one at exit (seconds on a busy machine, past a driver's grace)
-    gc.freeze()
-
-    def listening(url: str) -> None:
-        print(f"agentrl engine listening on {url}", flush=True)
-        if args.port_file:
-            tmp = Path(f"{args.port_file}.tmp")
-            tmp.write_text(json.dumps({"url": url, "pid": os.getpid()}))
-            tmp.replace(args.port_file)
-
-    run_event_loop(lambda: server.serve(args.host, args.port, on_listening=listening))
-    return 0
