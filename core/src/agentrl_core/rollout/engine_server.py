@@ -338,6 +338,8 @@ class EngineServer:
             "decode_steps": stats.decode_steps,
             "prefill_forwards": stats.prefill_forwards,
             "busy_fraction": stats.forward_seconds / wall,
+            "forward_seconds": stats.forward_seconds,  # for exact busy fractions between two readings
+            "wall_seconds": wall,
             "kv_cache_bytes": self.model.cache_bytes(),
             "uptime_s": time.time() - self.started,
         }
