@@ -20,8 +20,7 @@ from typing import Any
 
 import anyio
 
-from agentrl_core.env import Environment, Status, Step, ToolCall, ToolSession, function_tool, tool_result
-from agentrl_core.env.tools import BadTurn, tool_calls_of
+from agentrl_core.env import BadTurn, Environment, Status, Step, ToolCall, ToolSession, function_tool, tool_result
 from agentrl_core.errors import EnvError
 from agentrl_core.types import Index, Message
 from agentrl_env_os.config import OSConfig
@@ -179,7 +178,7 @@ class OSSession(ToolSession):
         )
 
     async def on_bad_turn(self, bad: BadTurn, message: Message) -> Step:
-        if isinstance(message, Mapping) and not tool_calls_of(message):
+        if isinstance(message, Mapping) and not message.get("tool_calls"):
             return Step([{"role": "user", "content": NO_TOOL_CALL}])
         return Step(bad.observation)
 
