@@ -76,9 +76,14 @@ def test_sigkill_and_resume_trains_the_same_groups(tmp_path, tiny_model_dir):
         assert proc.poll() is None, proc.stdout.read()[-4000:]
         assert time.monotonic() < deadline
         time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)
+    os.kill(proc.pid, signal.SIGKILL)  # the driver only: its controller, workers and engines must follow
     proc.wait()
-    subprocess.run(["ray", "stop", "--force"], capture_output=True)  # the killed run's local Ray
+    leftovers = _processes_of(run_dir)
+    deadline = time.monotonic() + 60
+    while leftovers and time.monotonic() < deadline:
+        time.sleep(1)
+        leftovers = _processes_of(run_dir)
+    assert not leftovers, f"processes of the killed run are still alive: {leftovers}"
     assert (run_dir / "checkpoints" / "step_00000002").is_dir()
 
     out = finish(agentrl("train", str(config), "--resume"))
@@ -111,6 +116,20 @@ def test_killed_worker_is_survived_and_counted(tmp_path, tiny_model_dir):
     assert max(m["step"] for m in metrics) == 5
     infra = max(m.get("rollout/failure/infra", 0.0) + m.get("rollout/loop_exceptions", 0.0) for m in metrics)
     assert infra > 0, "the sessions of the killed worker should show up as infrastructure failures"
+
+
+def _processes_of(run_dir: Path) -> list[str]:
+    """Command lines of live processes that belong to a run (they mention its folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(run_dir) in cmdline and "pytest" not in cmdline:
+                found.append(cmdline[:160])
+    return found
 
 
 def _is_child_worker(pid: int, run_dir: Path) -> bool:

@@ -55,7 +55,7 @@ class ServiceProcess:
         cpus = self.cpus
 
         def preexec() -> None:  # runs in the child before exec
-            os.setsid()
+            detach_and_die_with_parent()
             if cpus and hasattr(os, "sched_setaffinity"):
                 os.sched_setaffinity(0, cpus)
 
@@ -120,6 +120,21 @@ class ServiceProcess:
             self.kill()
         except ProcessLookupError:
             pass
+
+
+def detach_and_die_with_parent() -> None:
+    """``preexec_fn`` for servers: their own process group, and SIGTERM when the parent dies.
+
+    The process group lets ``stop`` signal a server and everything it started; the parent
+    death signal (Linux ``PR_SET_PDEATHSIG``) makes sure a parent killed with SIGKILL does
+    not leave the server running.
+    """
+    os.setsid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def agentrl_command(*args: str) -> list[str]:

@@ -29,6 +29,7 @@ import httpx
 
 from agentrl_core.config import EngineConfig
 from agentrl_core.errors import AgentrlError
+from agentrl_core.launch.processes import detach_and_die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class ManagedProcesses:
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                    start_new_session=True)
+                                    preexec_fn=detach_and_die_with_parent)
         self.processes.append((name, proc, log_path))
         log.info("started engine %s (pid %d): %s", name, proc.pid, " ".join(cmd))
         return proc, log_path
