@@ -98,3 +98,23 @@ def test_cli_lists_plugin_and_writes_demonstrations(tmp_path):
     assert {r["status"] for r in records} == {"completed"}
     assert 0 < sum(r["reward"] for r in records) < 10
     assert records[0]["messages"][0]["role"] == "system"
+
+
+def test_compact_prompt_keeps_the_contract_and_drops_descriptions():
+    config = CalcConfig(compact_prompt=True)
+    assert not check_environment("calc", config, oracle_samples=5).failures
+    env = CalcEnvironment(config)
+    assert [t["function"]["name"] for t in env.tools] == ["calculate", "submit_answer"]
+    assert "description" not in json.dumps(env.tools)
+    assert CalcEnvironment().tools[0]["function"]["description"]  # the default is unchanged
+
+    async def main():
+        session = await env.open("test", 0)
+        first = await session.start()
+        assert len(first.messages[0]["content"]) < 80
+        # the tool schema still validates arguments: a string operand is a bad turn, not a crash
+        step = await session.step(assistant_tool_call("calculate", {"a": "x", "op": "+", "b": 1}))
+        assert step.status.value == "running" and "invalid" in step.messages[0]["content"].lower()
+        await session.close()
+
+    anyio.run(main)

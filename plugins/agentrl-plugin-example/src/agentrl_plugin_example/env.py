@@ -54,6 +54,22 @@ TOOLS = [
     ),
 ]
 
+# ``compact_prompt: true``: the same tools without descriptions and a one-line system
+# prompt, about 120 tokens shorter per episode; for tiny models trained on CPU.
+COMPACT_SYSTEM_PROMPT = "Calculate step by step with `calculate`, then call `submit_answer`."
+
+
+def _without_descriptions(tool: dict) -> dict:
+    fn = {k: v for k, v in tool["function"].items() if k != "description"}
+    params = dict(fn["parameters"])
+    params["properties"] = {
+        name: {k: v for k, v in prop.items() if k != "description"} for name, prop in params["properties"].items()
+    }
+    return {"type": "function", "function": {**fn, "parameters": params}}
+
+
+COMPACT_TOOLS = [_without_descriptions(t) for t in TOOLS]
+
 
 @frozen
 class CalcConfig:
@@ -66,6 +82,7 @@ class CalcConfig:
     max_operand: int = field(default=20, validator=in_range(2))
     max_rounds: int = field(default=10, validator=in_range(1))
     concurrency: int = field(default=256, validator=in_range(1))
+    compact_prompt: bool = False  # tools without descriptions, one-line system prompt
 
 
 @frozen
@@ -111,7 +128,7 @@ def make_problem(split: str, index: int, config: CalcConfig) -> Problem:
 
 class CalcSession(ToolSession):
     def __init__(self, env: CalcEnvironment, problem: Problem) -> None:
-        super().__init__(TOOLS, max_rounds=env.config.max_rounds)
+        super().__init__(env.tools, max_rounds=env.config.max_rounds)
         self.env = env
         self.problem = problem
         self.calls = 0
@@ -120,7 +137,7 @@ class CalcSession(ToolSession):
         self.env.live_sessions += 1
         return Step(
             [
-                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "system", "content": COMPACT_SYSTEM_PROMPT if self.env.config.compact_prompt else SYSTEM_PROMPT},
                 {"role": "user", "content": f"Compute {self.problem.text}"},
             ]
         )
@@ -152,6 +169,7 @@ class CalcEnvironment(Environment):
         if self.config.min_ops > self.config.max_ops:
             raise ValueError("environments.calc: min_ops must be <= max_ops")
         self.concurrency = self.config.concurrency
+        self.tools = COMPACT_TOOLS if self.config.compact_prompt else TOOLS
         self.live_sessions = 0
         self._sets = {"train": range(self.config.train_size), "test": range(self.config.test_size)}
 
