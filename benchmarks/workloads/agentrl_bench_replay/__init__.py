@@ -1,0 +1,1 @@
+"""A benchmark-only environment that replays recorded workloads of the real environments."""
