@@ -53,7 +53,8 @@ def make(loop, *, n=4, concurrency=8, batch_groups=2, max_size=64, retries=2, bo
     stream = TaskStream([StreamTask("t", "env", "s", tuple(range(100)))], n_samples=n, seed=0)
     buffer = GroupBuffer(n, max_size, max_infra_retries=retries)
     return RolloutManager(agent_loop=loop, buffer=buffer, stream=stream, concurrency=concurrency,
-                          batch_groups=batch_groups, staleness_bound=bound, learner_step=step), buffer, stream
+                          batch_groups=batch_groups, staleness_bound=bound, learner_step=step,
+                          retry_backoff=0.01), buffer, stream
 
 
 def test_run_groups_fills_the_buffer():

@@ -139,3 +139,34 @@ def _is_child_worker(pid: int, run_dir: Path) -> bool:
         return False
     text = b" ".join(cmdline).decode(errors="replace")
     return "worker" in text and str(run_dir) in text
+
+
+def test_killed_engine_is_restarted_and_training_continues(tmp_path, tiny_model_dir):
+    config = write_config(tmp_path, tiny_model_dir, "engine_killed", **{"train.total_steps": 5})
+    cfg = yaml.safe_load(config.read_text())
+    cfg["engine"] = {"health_check_interval": 1.0, "unhealthy_checks": 2}
+    cfg["rollout"]["max_infra_retries"] = 5
+    config.write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "engine_killed"
+    proc = agentrl("train", str(config))
+    deadline = time.monotonic() + 900
+    while not (run_dir / "trained_groups.jsonl").exists():
+        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    engines = [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and _mentions(e, "engine", run_dir)]
+    assert len(engines) == 1
+    os.kill(engines[0], signal.SIGKILL)
+    out = finish(proc)
+    assert "restarted as" in out
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert max(m["step"] for m in metrics) == 5
+    assert max(m["engine/restarts"] for m in metrics) >= 1
+
+
+def _mentions(entry: Path, word: str, run_dir: Path) -> bool:
+    try:
+        cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    return f" {word} serve" in cmdline and str(run_dir) in cmdline

@@ -129,7 +129,9 @@ class EngineConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_engines: int = field(default=1, validator=in_range(1))
     rollout_ratio: float = field(default=0.5, validator=in_range(0.0, 1.0, lo_open=True))
-    urls: list[str] = field(factory=list)  # pre-launched engines (skip the driver)
+    health_check_interval: float = field(default=10.0, validator=in_range(0.0, lo_open=True))
+    unhealthy_checks: int = field(default=3, validator=in_range(1))  # failed checks in a row: restart it
+    max_restarts: int = field(default=10, validator=in_range(0))
     hf: HFEngineOptions = field(factory=HFEngineOptions)
     sglang: SGLangOptions = field(factory=SGLangOptions)
 

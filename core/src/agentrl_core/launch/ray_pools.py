@@ -63,6 +63,7 @@ class LearnerRank:
 
         self.rank = rank
         self.config = config
+        self.model_path = model_path
         _, _, device = init_distributed(config.train.device)
         self.registry = Registry()
         loss_fn = self.registry.build("policy_loss", config.loss.name)
@@ -74,12 +75,19 @@ class LearnerRank:
         return self.rank
 
     def connect(self, pools: Mapping[str, list[str]], address: str) -> None:
-        """Rank 0 forms one weight-sync transport per pool with that pool's engines."""
+        """Rank 0 forms one weight-sync transport per pool with that pool's engines (again, after a restart)."""
         if self.rank != 0:
             return
         ws = self.config.weight_sync
         for pool, urls in pools.items():
-            transport = self.registry.build("weight_sync_transport", ws.transport, None, weight_sync=ws)
+            old = self.transports.pop(pool, None)
+            if old is not None:
+                try:
+                    old.close()
+                except Exception as exc:  # its engine is gone; the group is replaced anyway
+                    log.warning("closing the old weight-sync transport of %s: %s", pool, exc)
+            transport = self.registry.build("weight_sync_transport", ws.transport, None, weight_sync=ws,
+                                            model_dir=self.model_path)
             transport.connect(address, urls)
             self.transports[pool] = transport
 
@@ -134,6 +142,11 @@ class EngineHost:
     def launch(self, pool: str, model_path: str) -> list[str]:
         return self.driver.launch(pool, model_path, [self.devices])
 
+    def relaunch(self, pool: str, model_path: str) -> list[str]:
+        """Stop whatever is left of this bundle's engine and start a fresh one."""
+        self.driver.shutdown()
+        return self.driver.launch(pool, model_path, [self.devices])
+
     def shutdown(self) -> None:
         self.driver.shutdown()
 
@@ -174,9 +187,15 @@ class RayPools:
                 kind, devs, config, str(run_dir / "logs"))
             self.hosts.setdefault(pool, []).append(host)
         self.urls: dict[str, list[str]] = {}
+        self.host_of: dict[str, Any] = {}  # engine url -> the host actor that runs it
+        self.model_path = model_path
         launches = {pool: [h.launch.remote(pool, model_path) for h in hosts] for pool, hosts in self.hosts.items()}
         for pool, refs in launches.items():
-            self.urls[pool] = [url for urls in ray.get(refs) for url in urls]
+            self.urls[pool] = []
+            for host, urls in zip(self.hosts[pool], ray.get(refs)):
+                urls = [u.rstrip("/") for u in urls]
+                self.urls[pool] += urls
+                self.host_of.update(dict.fromkeys(urls, host))
 
         master = (ray.util.get_node_ip_address(), _free_port())
         rank_cls = ray.remote(LearnerRank)
@@ -188,6 +207,14 @@ class RayPools:
         ]
         ray.get([r.ready.remote() for r in self.ranks])
         self.learner_address = master[0]
+
+    async def relaunch(self, pool: str, url: str) -> str:
+        """Restart the engine behind ``url`` in its bundle; returns the new engine's URL."""
+        host = self.host_of.pop(url.rstrip("/"))
+        new_urls = [u.rstrip("/") for u in await host.relaunch.remote(pool, self.model_path)]
+        self.urls[pool] = [u for u in self.urls[pool] if u != url.rstrip("/")] + new_urls
+        self.host_of.update(dict.fromkeys(new_urls, host))
+        return new_urls[0]
 
     async def all_ranks(self, method: str, *args: Any) -> list[Any]:
         import asyncio

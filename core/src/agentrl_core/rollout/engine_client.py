@@ -373,6 +373,20 @@ class EnginePool:
                 self._sticky.popitem(last=False)
         return url
 
+    def replace_engine(self, old: str, new: str) -> None:
+        """Swap a dead engine for its replacement (trajectories stuck to it move on their next turn)."""
+        old, new = old.rstrip("/"), new.rstrip("/")
+        if old not in self.engines:
+            raise ValueError(f"pool {self.name!r} has no engine {old}")
+        connect_retries = self.engines[old].connect_retries
+        del self.engines[old]
+        self.engines[new] = EngineClient(new, http=self.http, connect_retries=connect_retries)
+        self.urls = [new if u == old else u for u in self.urls]
+        self.in_flight[new] = self.in_flight.pop(old, 0)
+        self._down_until.pop(old, None)
+        for key in [k for k, u in self._sticky.items() if u == old]:
+            del self._sticky[key]
+
     def forget(self, key: str) -> None:
         """Drop the stickiness of a finished trajectory."""
         self._sticky.pop(key, None)

@@ -127,6 +127,10 @@ class Trainer:
 
         c = self.config
         self.pools = pools
+        self.learner_lock = anyio.Lock()  # one learner call at a time: ranks must see the same order
+        self.heal_lock = anyio.Lock()
+        self.health_failures: dict[str, int] = {}
+        self.engine_restarts = 0
         self.tokenizer = AutoTokenizer.from_pretrained(c.model.path)
         await pools.all_ranks("connect", pools.urls, pools.learner_address)
         async with ControllerClient(url) as client:
@@ -159,11 +163,14 @@ class Trainer:
             self.normalizers = [self.registry.build("advantage_normalizer", n, c.advantage.options.get(n))
                                 for n in c.advantage.normalizers]
             try:
-                if c.train.mode == "async":
-                    await self._run_async()
-                else:
-                    await self._run_sync()
-                summary = await self._finish()
+                async with anyio.create_task_group() as watch:
+                    watch.start_soon(self._watch_engines)
+                    if c.train.mode == "async":
+                        await self._run_async()
+                    else:
+                        await self._run_sync()
+                    summary = await self._finish()
+                    watch.cancel_scope.cancel()
             finally:
                 for pool in self.engine_pools.values():
                     await pool.aclose()
@@ -212,7 +219,8 @@ class Trainer:
             for i, t in enumerate(trajectories)
         ]
         t_adv = time.monotonic()
-        learner_metrics = (await self.pools.all_ranks("train_step", samples))[0]
+        async with self.learner_lock:
+            learner_metrics = (await self.pools.all_ranks("train_step", samples))[0]
         t_train = time.monotonic()
         version = self.step  # the weights being updated; the batch's lag is measured against them
         self.step += 1
@@ -223,10 +231,11 @@ class Trainer:
         for gid in self.manager.take_dropped():
             log.info("group %s was dropped after repeated infrastructure failures", gid)
         due = [p.name for p in pools_due(self.pool_specs, self.step)]
-        sync_metrics = (await self.pools.all_ranks("sync", due, self.step))[0] if due else {}
+        sync_metrics = await self._sync(due) if due else {}
         t_sync = time.monotonic()
         metrics: dict[str, Any] = {
             "step": self.step,
+            "engine/restarts": float(self.engine_restarts),
             **batch_metrics(trajectories, version),
             # action tokens per version lag, and turns regenerated after a weight-sync abort (wasted decoding)
             **{f"version_lag/tokens/{lag}": float(n) for lag, n in lag_histogram(trajectories, version).items()},
@@ -251,6 +260,55 @@ class Trainer:
             self._log({"step": self.step, **await self.validate()}, [])
         if c.train.checkpoint_every and self.step % c.train.checkpoint_every == 0:
             await self.save_checkpoint()
+
+    # -- weight sync and engine failures ----------------------------------------------------------
+
+    async def _sync(self, pool_names: list[str]) -> dict[str, float]:
+        """Push the current weights to ``pool_names``; a dead engine is restarted and the sync retried."""
+        try:
+            async with self.learner_lock:
+                return (await self.pools.all_ranks("sync", pool_names, self.step))[0]
+        except Exception as exc:
+            log.warning("weight sync to %s failed (%s); checking the engines", pool_names, exc)
+            # restarts dead engines (or waits for the watchdog's restart), then one more try
+            await self._heal_engines(checks_needed=1)
+            async with self.learner_lock:
+                return (await self.pools.all_ranks("sync", pool_names, self.step))[0]
+
+    async def _watch_engines(self) -> None:
+        """Restart engines that stop answering /health, then give them the current weights."""
+        interval = self.config.engine.health_check_interval
+        while True:
+            await anyio.sleep(interval)
+            await self._heal_engines(checks_needed=self.config.engine.unhealthy_checks)
+
+    async def _heal_engines(self, *, checks_needed: int) -> bool:
+        async with self.heal_lock:  # the watchdog and a failed sync must not restart one engine twice
+            return await self._heal_engines_locked(checks_needed)
+
+    async def _heal_engines_locked(self, checks_needed: int) -> bool:
+        failures = self.health_failures
+        healed = False
+        for name, pool in self.engine_pools.items():
+            status = await pool.health()
+            for url, ok in list(status.items()):
+                failures[url] = 0 if ok else failures.get(url, 0) + 1
+                if failures[url] < checks_needed:
+                    continue
+                if self.engine_restarts >= self.config.engine.max_restarts:
+                    raise AgentrlError(f"engine {url} of pool {name!r} is down and engine.max_restarts "
+                                       f"({self.config.engine.max_restarts}) restarts were already used")
+                self.engine_restarts += 1
+                log.warning("engine %s of pool %s is not answering; restarting it", url, name)
+                new_url = await self.pools.relaunch(name, url)
+                pool.replace_engine(url, new_url)
+                failures.pop(url, None)
+                async with self.learner_lock:
+                    await self.pools.all_ranks("connect", {name: self.pools.urls[name]}, self.pools.learner_address)
+                    await self.pools.all_ranks("sync", [name], self.step)
+                self.echo(f"engine {url} of pool {name} restarted as {new_url} with weights of step {self.step}")
+                healed = True
+        return healed
 
     # -- metrics, validation, checkpoints -------------------------------------------------------
 
@@ -319,8 +377,9 @@ class Trainer:
 
     async def save_checkpoint(self) -> None:
         state = {"task_stream": self.stream.state_dict(), "config_name": self.config.run.name}
-        path = (await self.pools.all_ranks("save_checkpoint", str(self.run_dir / "checkpoints"), state,
-                                            self.config.train.keep_checkpoints, self.config.train.save_hf_model))[0]
+        async with self.learner_lock:
+            path = (await self.pools.all_ranks("save_checkpoint", str(self.run_dir / "checkpoints"), state,
+                                                self.config.train.keep_checkpoints, self.config.train.save_hf_model))[0]
         self.echo(f"checkpoint {path}")
 
     async def _maybe_resume(self) -> None:
@@ -343,7 +402,8 @@ class Trainer:
             await self.save_checkpoint()
         final_model = None
         if c.train.save_hf_model:
-            final_model = (await self.pools.all_ranks("save_hf_model", str(self.run_dir / "final_model")))[0]
+            async with self.learner_lock:
+                final_model = (await self.pools.all_ranks("save_hf_model", str(self.run_dir / "final_model")))[0]
         summary: dict[str, Any] = {"steps": self.step, "final_model": final_model}
         if c.train.eval_tasks:
             summary["validation"] = await self.validate()

@@ -39,6 +39,7 @@ class RolloutManager:
         batch_groups: int,
         staleness_bound: int | None = None,
         learner_step: Callable[[], int] = lambda: 0,
+        retry_backoff: float = 1.0,
     ) -> None:
         self.agent_loop = agent_loop
         self.buffer = buffer
@@ -50,6 +51,7 @@ class RolloutManager:
         self.batch_groups = batch_groups
         self.staleness_bound = staleness_bound
         self.learner_step = learner_step
+        self.retry_backoff = retry_backoff
         self.groups_started = 0
         self.in_flight = 0
         self.counters: Counter[str] = Counter()
@@ -144,6 +146,8 @@ class RolloutManager:
             if result is AddResult.RETRY:
                 attempt += 1
                 self.counters["infra_retries"] += 1
+                # back off, so a restarting engine or worker is not hammered into dropping every group
+                await anyio.sleep(min(self.retry_backoff * 2 ** (attempt - 1), 30.0))
                 continue
             if result is AddResult.GROUP_DROPPED:
                 self.counters["groups_dropped"] += 1
