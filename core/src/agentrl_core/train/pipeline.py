@@ -339,8 +339,11 @@ class Trainer:
                 except Exception as exc:  # an engine that died shows up as failures elsewhere
                     log.warning("engine %s: %s", url, exc)
                     continue
-                busy = float(info.get("busy_fraction", 0.0)) * float(info.get("uptime_s", 0.0))
-                wall = float(info.get("uptime_s", 0.0))
+                if "forward_seconds" in info:  # exact; busy_fraction x uptime_s mixes two clocks started apart
+                    busy, wall = float(info["forward_seconds"]), float(info.get("wall_seconds", 0.0))
+                else:
+                    busy = float(info.get("busy_fraction", 0.0)) * float(info.get("uptime_s", 0.0))
+                    wall = float(info.get("uptime_s", 0.0))
                 prev_busy, prev_wall = self._engine_busy.get(url, (0.0, 0.0))
                 self._engine_busy[url] = (busy, wall)
                 if wall > prev_wall:
