@@ -264,7 +264,38 @@ def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     if "async" in summary and "sync" in summary and summary["sync"]["trained_tokens_per_s"]:
         summary["ratio_async_over_sync"] = round(
             summary["async"]["trained_tokens_per_s"] / summary["sync"]["trained_tokens_per_s"], 3)
+        summary["ratio_decomposition"] = decompose(by_mode["async"], by_mode["sync"])
     return summary
+
+
+def decompose(async_runs: list[dict[str, Any]], sync_runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ratio as a sum: each stage of a sync step, per trained token, over async's wall time per token.
+
+    ``ratio = sync_generation + sync_training + sync_other`` (each term: sync seconds per token of
+    that stage / async seconds per token). The ratio reaches 2 only if the sync baseline spends
+    at least twice async's time per token, e.g. a generation phase that idles on the long tail.
+    """
+    def per_token(runs: list[dict[str, Any]], key: str | None) -> float:
+        tokens = sum(a["trained_tokens"] for a in runs)
+        seconds = sum(a["wall_s"] if key is None else a["learner_seconds"][key] for a in runs)
+        return seconds / tokens if tokens else 0.0
+
+    async_s = per_token(async_runs, None)
+    gen, train, total = per_token(sync_runs, "wait_rollout"), per_token(sync_runs, "train"), per_token(sync_runs, None)
+    async_wait = sum(a["learner_seconds"]["wait_rollout"] for a in async_runs) / max(sum(a["wall_s"] for a in async_runs), 1e-9)
+
+    def tokens_per_train_s(runs: list[dict[str, Any]]) -> float:
+        return sum(a["trained_tokens"] for a in runs) / max(sum(a["learner_seconds"]["train"] for a in runs), 1e-9)
+
+    return {
+        "sync_generation": round(gen / async_s, 3) if async_s else None,
+        "sync_training": round(train / async_s, 3) if async_s else None,
+        "sync_other": round((total - gen - train) / async_s, 3) if async_s else None,
+        "async_bottleneck": "learner" if async_wait < 0.05 else "rollout",
+        "async_learner_wait_fraction": round(async_wait, 4),
+        "learner_tokens_per_train_s_sync_all_cores": round(tokens_per_train_s(sync_runs), 1),
+        "learner_tokens_per_train_s_async_learner_cores": round(tokens_per_train_s(async_runs), 1),
+    }
 
 
 def main() -> int:

@@ -124,7 +124,8 @@ class RunMonitor:
                         except (httpx.HTTPError, ValueError):
                             continue
                         sample[f"engine/{pool}/{i}"] = {
-                            "forward_s": float(info.get("busy_fraction", 0.0)) * float(info.get("uptime_s", 0.0)),
+                            "forward_s": float(info["forward_seconds"]) if "forward_seconds" in info
+                            else float(info.get("busy_fraction", 0.0)) * float(info.get("uptime_s", 0.0)),
                             "running": int(info.get("running", 0)), "waiting": int(info.get("waiting", 0)),
                             "paused": bool(info.get("paused", False)),
                             "generated": int(info.get("generated_tokens", 0)),
