@@ -223,9 +223,10 @@ def test_requests_join_and_leave_every_step(tiny_model_dir):
     finally:
         scheduler.stop()
     assert [len(done[r].output_ids) for r in "abc"] == [6, 2, 3]
-    # a needs 5 decoding steps after its prefill; b and c ran inside those same 5 steps
-    assert scheduler.stats.decode_steps == 5
-    assert scheduler.stats.prefill_forwards == 2  # a and b in one prefill forward, c in its own
+    # a takes 6 forwards (its prefill, then 5 decoding steps); b and c ran inside those same forwards:
+    # a and b prefilled together, c's prompt went in with a's third decoding step
+    assert scheduler.stats.forwards == 6
+    assert scheduler.stats.decode_steps == 5 and scheduler.stats.prefill_forwards == 2
 
 
 def test_prefix_cache_reuses_the_previous_turn(tiny_model_dir, reference):

@@ -9,9 +9,11 @@ what the learner trains and what weight updates overwrite) and runs its own atte
   slot; ``capacity`` grows by doubling up to ``max_context`` as requests get longer;
 * :meth:`EngineModel.extend` runs one forward over a batch of slots, each with its own
   start position and number of new tokens (a prefill is an extend from 0, a decoding step
-  an extend by one token), and returns the logits of each row's last new token;
-* attention masks every key past the query's position, so padding rows and stale cache
-  entries beyond a slot's length are never read.
+  an extend by one token, and one forward may mix both), and returns the logits of each
+  row's last new token; the new tokens of all rows go through the matmuls as one flat
+  batch, without padding;
+* attention masks every key past the query's position, so stale cache entries beyond a
+  slot's length are never read.
 
 The result equals the plain ``transformers`` forward pass within float rounding (tested
 to 1e-4 in log-probs, fp32 on CPU). Supported architectures: Qwen2 (Qwen2.5), Llama and
@@ -134,64 +136,87 @@ class EngineModel:
         """Append ``tokens[i]`` to slot ``slots[i]`` at position ``starts[i]``; fp32 logits ``[B, V]``.
 
         Slot ``slots[i]`` must hold valid keys/values for positions ``[0, starts[i])``.
-        The logits are those of each row's last new token.
+        The logits are those of each row's last new token. Rows may mix one-token decoding
+        steps and multi-token prefills: the new tokens of all rows run as one flat batch
+        through every matmul (no padding); attention is batched over the one-token rows and
+        done per row for the others.
         """
-        batch = len(slots)
-        lengths = [len(t) for t in tokens]
-        width = max(lengths)
-        self._grow(max(s + width for s in starts))
         dev = self.device
-        ids = torch.zeros(batch, width, dtype=torch.long)
-        for i, row in enumerate(tokens):
-            ids[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
-        ids = ids.to(dev)
-        start_t = torch.as_tensor(starts, dtype=torch.long, device=dev)
-        positions = start_t[:, None] + torch.arange(width, device=dev)[None, :]  # [B, N]
-        total = int(max(s + n for s, n in zip(starts, lengths, strict=True)))  # keys to attend to
-        key_pos = torch.arange(total, device=dev)
-        mask = (key_pos[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, N, T]
-        slot_t = torch.as_tensor(slots, dtype=torch.long, device=dev)
-        contiguous = list(slots) == list(range(slots[0], slots[0] + batch))
+        lengths = [len(t) for t in tokens]
+        self._grow(max(s + n for s, n in zip(starts, lengths, strict=True)))
+        flat = [t for row in tokens for t in row]
+        positions = [s + j for s, n in zip(starts, lengths, strict=True) for j in range(n)]
+        row_slots = [slot for slot, n in zip(slots, lengths, strict=True) for _ in range(n)]
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + n)
+        ids = torch.as_tensor(flat, dtype=torch.long, device=dev)
+        pos_t = torch.as_tensor(positions, dtype=torch.long, device=dev)
+        slot_t = torch.as_tensor(row_slots, dtype=torch.long, device=dev)
+        single = [i for i, n in enumerate(lengths) if n == 1]
+        multi = [i for i, n in enumerate(lengths) if n > 1]
+        if single:  # one-token rows: one batched attention over their slots
+            single_tok = torch.as_tensor([offsets[i] for i in single], device=dev)
+            single_slots = [slots[i] for i in single]
+            single_total = max(starts[i] + 1 for i in single)
+            key_pos = torch.arange(single_total, device=dev)
+            single_mask = (key_pos[None, :] <= pos_t[single_tok][:, None])[:, None, None, :]  # [b, 1, 1, T]
+            block = single_slots == list(range(single_slots[0], single_slots[0] + len(single)))
+            single_slot_t = torch.as_tensor(single_slots, device=dev)
+        multi_masks = {}
+        for i in multi:
+            key_pos = torch.arange(starts[i] + lengths[i], device=dev)
+            multi_masks[i] = (key_pos[None, :] <= pos_t[offsets[i] : offsets[i + 1]][:, None])[None, None]
 
-        hidden = F.embedding(ids, self.embed.weight)
+        hidden = F.embedding(ids, self.embed.weight)  # [S, H]
         if self._static_rope:
-            cos, sin = self.cos_table[positions], self.sin_table[positions]
+            cos, sin = self.cos_table[pos_t], self.sin_table[pos_t]
         else:
-            cos, sin = self.rotary(hidden, positions)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        write_slots = slot_t[:, None].expand(batch, width)
+            cos, sin = (c[0] for c in self.rotary(hidden[None], pos_t[None]))
+        cos, sin = cos[:, None, :], sin[:, None, :]  # [S, 1, D]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         gqa = self.num_kv_heads != self.num_heads
-        for index, block in enumerate(self.blocks):
-            x = _rms_norm(hidden, block.ln1, block.eps)
-            qkv = F.linear(x, block.qkv_w, block.qkv_b)
-            q = qkv[..., :q_size].view(batch, width, self.num_heads, self.head_dim)
-            k = qkv[..., q_size : q_size + kv_size].view(batch, width, self.num_kv_heads, self.head_dim)
-            v = qkv[..., q_size + kv_size :].view(batch, width, self.num_kv_heads, self.head_dim)
-            if block.q_norm is not None:
-                q, k = block.q_norm(q), block.k_norm(k)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        size = len(flat)
+        for index, blk in enumerate(self.blocks):
+            x = _rms_norm(hidden, blk.ln1, blk.eps)
+            qkv = F.linear(x, blk.qkv_w, blk.qkv_b)
+            q = qkv[:, :q_size].view(size, self.num_heads, self.head_dim)
+            k = qkv[:, q_size : q_size + kv_size].view(size, self.num_kv_heads, self.head_dim)
+            v = qkv[:, q_size + kv_size :].view(size, self.num_kv_heads, self.head_dim)
+            if blk.q_norm is not None:
+                q, k = blk.q_norm(q), blk.k_norm(k)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            k_layer, v_layer = self.k_cache[index], self.v_cache[index]  # [S, H, T, D]
-            # advanced indices (slot, position) around a slice: the value is [B, N, H, D]
-            k_layer[write_slots, :, positions] = k.transpose(1, 2)
-            v_layer[write_slots, :, positions] = v.transpose(1, 2)
-            if contiguous:
-                keys = k_layer[slots[0] : slots[0] + batch, :, :total]
-                values = v_layer[slots[0] : slots[0] + batch, :, :total]
-            else:
-                keys = k_layer[slot_t, :, :total]
-                values = v_layer[slot_t, :, :total]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=gqa)
-            out = out.transpose(1, 2).reshape(batch, width, q_size)
-            hidden = hidden + F.linear(out, block.o_w, block.o_b)
-            gate_up = F.linear(_rms_norm(hidden, block.ln2, block.eps), block.gate_up_w)
+            k_layer, v_layer = self.k_cache[index], self.v_cache[index]  # [slots, H, T, D]
+            # advanced indices (slot, position) around a slice: the value is [S, H, D]
+            k_layer[slot_t, :, pos_t] = k
+            v_layer[slot_t, :, pos_t] = v
+            out = torch.empty(size, self.num_heads, self.head_dim, dtype=q.dtype, device=dev)
+            if single:
+                if block:
+                    lo = single_slots[0]
+                    keys = k_layer[lo : lo + len(single), :, :single_total]
+                    values = v_layer[lo : lo + len(single), :, :single_total]
+                else:
+                    keys = k_layer[single_slot_t, :, :single_total]
+                    values = v_layer[single_slot_t, :, :single_total]
+                attended = F.scaled_dot_product_attention(q[single_tok][:, :, None, :], keys, values,
+                                                          attn_mask=single_mask, scale=self.scaling, enable_gqa=gqa)
+                out[single_tok] = attended[:, :, 0, :]
+            for i in multi:
+                a, b, total = offsets[i], offsets[i + 1], starts[i] + lengths[i]
+                keys = k_layer[slots[i], :, :total][None]
+                values = v_layer[slots[i], :, :total][None]
+                attended = F.scaled_dot_product_attention(q[a:b].transpose(0, 1)[None], keys, values,
+                                                          attn_mask=multi_masks[i], scale=self.scaling,
+                                                          enable_gqa=gqa)
+                out[a:b] = attended[0].transpose(0, 1)
+            hidden = hidden + F.linear(out.view(size, q_size), blk.o_w, blk.o_b)
+            gate_up = F.linear(_rms_norm(hidden, blk.ln2, blk.eps), blk.gate_up_w)
             gate, up = gate_up.chunk(2, dim=-1)
-            hidden = hidden + F.linear(block.act(gate) * up, block.down_w)
-        last = torch.as_tensor([n - 1 for n in lengths], device=dev)
-        hidden = hidden[torch.arange(batch, device=dev), last]
-        hidden = _rms_norm(hidden, self.norm.weight, self.norm.variance_epsilon)
+            hidden = hidden + F.linear(blk.act(gate) * up, blk.down_w)
+        last = torch.as_tensor([offsets[i + 1] - 1 for i in range(len(lengths))], device=dev)
+        hidden = _rms_norm(hidden[last], self.norm.weight, self.norm.variance_epsilon)
         return F.linear(hidden, self.lm_head.weight).float()
 
     # ------------------------------------------------------------------------------

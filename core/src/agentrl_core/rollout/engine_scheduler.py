@@ -7,10 +7,11 @@ Every iteration of the scheduler thread
 2. admits waiting requests into free KV-cache slots (FIFO, within a prefill token budget),
    reusing the longest cached prefix of a finished request (multi-turn prompts extend the
    previous turn, so a turn only prefills the new observation tokens);
-3. prefills the admitted requests (one padded forward per group of similar lengths) and
-   samples their first token;
-4. runs **one** batched decoding forward over every running request and samples one token
-   for each; finished requests leave, their slot keeps its tokens for prefix reuse.
+3. runs **one** forward over every running request: a decoding step (one token) for each
+   request that is decoding, and the next prompt chunk for each request still being
+   prefilled (all chunks together within ``max_prefill_tokens``, so a long prompt takes
+   several iterations and never stalls the others); every request whose last token was fed
+   samples one token; finished requests leave, their slot keeps its tokens for prefix reuse.
 
 Sampling: :mod:`~agentrl_core.rollout.engine_sampling`.
 
@@ -73,6 +74,7 @@ class Request:
     logprobs: list[float] = field(factory=list)
     slot: int = -1
     cached_tokens: int = 0
+    fed: int = 0  # tokens whose keys/values are in the slot
     version: Any = None
     generator: torch.Generator | None = None
     stop_ids: frozenset[int] = frozenset()
@@ -87,8 +89,9 @@ class EngineStats:
     requests: int = 0
     aborted: int = 0
     forward_seconds: float = 0.0
-    decode_steps: int = 0
-    prefill_forwards: int = 0
+    forwards: int = 0  # one per scheduler iteration
+    decode_steps: int = 0  # forwards with at least one decoding row
+    prefill_forwards: int = 0  # forwards with at least one prompt chunk
     started: float = field(factory=time.monotonic)
 
 
@@ -278,19 +281,44 @@ class Scheduler:
                 future.set_exception(EngineConflict(message))
 
     def _step(self) -> None:
-        admitted = self._admit()
-        if admitted:
-            self._prefill(admitted)
-        decoding = [r for r in self.running if not r.finished]
-        if decoding:
-            self._decode(decoding)
+        """Admit, then one forward: a decoding step of every decoding request and prompt chunks
+        (within ``max_prefill_tokens``, in slot order) of the requests still being prefilled."""
+        self._admit()
+        rows: list[Request] = []
+        tokens: list[list[int]] = []
+        budget = self.max_prefill_tokens
+        for request in self.running:
+            pending = len(request.input_ids) - request.fed
+            if pending <= 0:
+                rows.append(request)
+                tokens.append([request.output_ids[-1]])
+            elif budget > 0:
+                n = min(pending, budget)
+                budget -= n
+                rows.append(request)
+                tokens.append(request.input_ids[request.fed : request.fed + n])
+        if not rows:
+            return
+        t0 = time.perf_counter()
+        logits = self.model.extend([r.slot for r in rows], tokens, [r.fed for r in rows])
+        self.stats.forward_seconds += time.perf_counter() - t0
+        self.stats.forwards += 1
+        self.stats.decode_steps += any(len(r.output_ids) for r in rows)
+        self.stats.prefill_forwards += any(not r.output_ids for r in rows)
+        ready = []
+        for i, (request, fed) in enumerate(zip(rows, tokens, strict=True)):
+            request.fed += len(fed)
+            self.slot_len[request.slot] = request.fed  # before any finish moves slots around
+            if request.fed == len(request.input_ids) + len(request.output_ids):  # its last token was fed
+                ready.append(i)
+        if ready:
+            self._sample_and_append([rows[i] for i in ready], logits[ready] if len(ready) < len(rows) else logits)
 
     # ------------------------------------------------------------------------------
     # Admission and prefix reuse
 
     def _admit(self) -> list[Request]:
         admitted: list[Request] = []
-        budget = self.max_prefill_tokens
         while self.waiting and len(self.running) < self.max_running:
             request = self.waiting[0]
             if len(request.input_ids) >= self.model.max_context or not request.input_ids:
@@ -300,13 +328,10 @@ class Scheduler:
                     f"{self.model.max_context - 1} (max_context {self.model.max_context})")})
                 continue
             source, reuse = self._best_prefix(request.input_ids)
-            new_tokens = len(request.input_ids) - reuse
-            if admitted and new_tokens > budget:
-                break
             self.waiting.popleft()
-            budget -= new_tokens
             request.slot = self._place(source)
-            request.cached_tokens = reuse
+            self.slot_len[request.slot] = reuse  # positions past the reused prefix are stale
+            request.cached_tokens = request.fed = reuse
             request.version = self.weight_version
             request.admitted = time.monotonic()
             request.stop_ids = frozenset(request.params.stop_token_ids) | (
@@ -361,41 +386,8 @@ class Scheduler:
     # ------------------------------------------------------------------------------
     # Forward passes
 
-    def _prefill(self, requests: list[Request]) -> None:
-        chunk = self.max_prefill_tokens
-        for group in _prefill_groups(requests, lambda r: len(r.input_ids) - r.cached_tokens):
-            if len(group) == 1 and len(group[0].input_ids) - group[0].cached_tokens > chunk:
-                # a long prompt goes in chunks (bounded attention memory); only the last one samples
-                request = group[0]
-                start = request.cached_tokens
-                while len(request.input_ids) - start > chunk:
-                    self._extend([request], [request.input_ids[start : start + chunk]], [start])
-                    start += chunk
-                logits = self._extend([request], [request.input_ids[start:]], [start])
-            else:
-                logits = self._extend(group, [r.input_ids[r.cached_tokens:] for r in group],
-                                      [r.cached_tokens for r in group])
-            self._sample_and_append(group, logits)
-
-    def _extend(self, requests: list[Request], tokens: list[list[int]], starts: list[int]) -> torch.Tensor:
-        t0 = time.perf_counter()
-        logits = self.model.extend([r.slot for r in requests], tokens, starts)
-        self.stats.forward_seconds += time.perf_counter() - t0
-        self.stats.prefill_forwards += 1
-        return logits
-
-    def _decode(self, requests: list[Request]) -> None:
-        t0 = time.perf_counter()
-        logits = self.model.extend([r.slot for r in requests], [[r.output_ids[-1]] for r in requests],
-                                   [len(r.input_ids) + len(r.output_ids) - 1 for r in requests])
-        self.stats.forward_seconds += time.perf_counter() - t0
-        self.stats.decode_steps += 1
-        self._sample_and_append(requests, logits)
-
     def _sample_and_append(self, requests: list[Request], logits: torch.Tensor) -> None:
         tokens, logprobs = sample(logits, [r.params for r in requests], [r.generator for r in requests], self.rng)
-        for request in requests:  # positions fed so far, before any finish moves slots around
-            self.slot_len[request.slot] = len(request.input_ids) + len(request.output_ids)
         for request, token, logprob in zip(requests, tokens, logprobs, strict=True):
             request.output_ids.append(token)
             request.logprobs.append(logprob)
@@ -494,22 +486,6 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         else:
             hi = mid
     return lo
-
-
-def _prefill_groups(requests: list[Request], length: Callable[[Request], int]) -> list[list[Request]]:
-    """Batch prefills of similar length: padding adds at most a quarter to the work of a group."""
-    ordered = sorted(requests, key=length, reverse=True)
-    groups: list[list[Request]] = []
-    for request in ordered:
-        if groups:
-            group = groups[-1]
-            width = length(group[0])
-            real = sum(length(r) for r in group) + length(request)
-            if 4 * width * (len(group) + 1) <= 5 * real:
-                group.append(request)
-                continue
-        groups.append([request])
-    return groups
 
 
 def _canonical(model: EngineModel, name: str) -> str:
