@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-running-requests", type=int, default=64, help="KV-cache slots = concurrent requests")
     s.add_argument("--max-context", type=int, default=None,
                    help="longest prompt + completion (default: the model's, at most 32768)")
-    s.add_argument("--max-prefill-tokens", type=int, default=4096, help="prefill tokens admitted per step")
+    s.add_argument("--max-prefill-tokens", type=int, default=4096, help="prompt tokens per forward (longer prompts are prefilled in chunks)")
     s.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
     s.add_argument("--cpus", default=None, help="pin to these CPU cores, e.g. 0,1 (threads default to their number)")
     s.add_argument("--tool-call-parser", default="qwen25", help="tool parser of /v1/chat/completions")
