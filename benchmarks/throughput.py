@@ -313,6 +313,8 @@ def main() -> int:
     parser.add_argument("--workload", type=Path, default=WORKLOADS / "oracle_workload.json")
     parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "throughput")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--reanalyse", action="store_true",
+                        help="no runs: analyse the runs saved in --work-dir again (same other flags)")
     args = parser.parse_args()
     args.steps = args.steps or (4 if args.quick else 10)
     args.batch_groups = args.batch_groups or (3 if args.quick else 6)
@@ -341,11 +343,18 @@ def main() -> int:
     for r in range(args.rounds):
         for mode in (modes if r % 2 == 0 else modes[::-1]):
             run_dir = work / f"{mode}-{r}"
-            for stale in ("metrics.jsonl", "trained_groups.jsonl"):
-                (run_dir / stale).unlink(missing_ok=True)
-            result = run_mode(mode, config_path, run_dir, env, work / f"{mode}-{r}.log")
+            if args.reanalyse:  # the runs' saved metrics and monitor samples, analysed again
+                result = {**json.loads((work / f"{mode}-{r}.run.json").read_text()),
+                          "samples": json.loads((work / f"{mode}-{r}.samples.json").read_text()),
+                          "steps": [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]}
+            else:
+                for stale in ("metrics.jsonl", "trained_groups.jsonl"):
+                    (run_dir / stale).unlink(missing_ok=True)
+                result = run_mode(mode, config_path, run_dir, env, work / f"{mode}-{r}.log")
+                (work / f"{mode}-{r}.samples.json").write_text(json.dumps(result["samples"]))
+                (work / f"{mode}-{r}.run.json").write_text(json.dumps(
+                    {k: result[k] for k in ("mode", "wall_s", "load_before", "load_after")}))
             rounds.append({"mode": mode, "round": r, "analysis": analyse(result, args.skip, batch)})
-            (work / f"{mode}-{r}.samples.json").write_text(json.dumps(result["samples"]))
     summary = combine(rounds)
     report = {
         "benchmark": "throughput",

@@ -173,9 +173,12 @@ def engine_breakdown(samples: Sequence[dict[str, Any]], key: str, t_from: float,
     forward pass: scheduling, sampling, HTTP, and the cores taken by other processes). Idle
     ``no_requests`` time is split further by whether any trajectory was in flight
     (``no_trajectory``: none admitted, e.g. the buffer is full or sync mode is training) and
-    by the learner's phase at that moment.
+    by the learner's phase at that moment. ``busy_by_learner_phase``: the engine's busy share
+    while the learner waited for rollout, trained, synced weights (sync mode's generation
+    phase is ``wait_rollout``).
     """
     seconds: dict[str, float] = {}
+    by_phase: dict[str, dict[str, float]] = {}
     running_time = 0.0
     span = 0.0
     prev = None
@@ -190,6 +193,9 @@ def engine_breakdown(samples: Sequence[dict[str, Any]], key: str, t_from: float,
             span += dt
             running_time += dt * e0["running"]
             seconds["forward"] = seconds.get("forward", 0.0) + fwd
+            phase = by_phase.setdefault(_phase_at(phases, prev["t"] + dt / 2), {"span_s": 0.0, "forward_s": 0.0})
+            phase["span_s"] += dt
+            phase["forward_s"] += fwd
             if e0["paused"] or e1["paused"]:
                 state = "paused_weight_sync"
             elif e0["running"] + e0["waiting"] == 0:
@@ -203,4 +209,6 @@ def engine_breakdown(samples: Sequence[dict[str, Any]], key: str, t_from: float,
         prev = s
     return {"span_s": span, "seconds": {k: round(v, 3) for k, v in sorted(seconds.items())},
             "fractions": {k: round(v / span, 4) for k, v in sorted(seconds.items())} if span else {},
-            "mean_running_requests": round(running_time / span, 2) if span else 0.0}
+            "mean_running_requests": round(running_time / span, 2) if span else 0.0,
+            "busy_by_learner_phase": {p: {"span_s": round(v["span_s"], 2), "busy": round(v["forward_s"] / v["span_s"], 4)}
+                                      for p, v in sorted(by_phase.items()) if v["span_s"] > 0}}

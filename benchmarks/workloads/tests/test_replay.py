@@ -152,3 +152,11 @@ def test_tree_cpu_seconds_counts_a_busy_child() -> None:
         assert tree_cpu_by_role(child.pid) == {"ray_and_other": own}  # a plain python -c is no run role
     finally:
         child.communicate("")
+
+
+def test_engine_busy_share_by_learner_phase() -> None:
+    samples = [{"t": float(t), "sessions": 1, "e": {"forward_s": f, "running": 1, "waiting": 0, "paused": False}}
+               for t, f in [(0, 0.0), (1, 1.0), (2, 1.0), (3, 1.0), (4, 1.5)]]
+    phases = learner_phases([{"time": 4.0, "time/step_s": 4.0, "time/wait_rollout_s": 1.0, "time/train_s": 3.0}])
+    out = engine_breakdown(samples, "e", 0.0, 4.0, phases)["busy_by_learner_phase"]
+    assert out == {"wait_rollout": {"span_s": 1.0, "busy": 1.0}, "train": {"span_s": 3.0, "busy": round(0.5 / 3, 4)}}
