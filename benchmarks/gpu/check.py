@@ -9,8 +9,9 @@
    64 streams in bf16.
 2. ``engine_disk_update``: pause -> update_weights_from_disk (perturbed weights) -> continue;
    new tokens carry version 1 and match the new weights.
-3. ``fsdp_step`` and ``weight_sync``: hooks in ``learner_hooks.py`` (filled by the learner's
-   owner; recorded as "not provided" until then).
+3. ``fsdp_step`` and ``weight_sync`` (``learner_hooks.py``): one FSDP2 step (bf16 params, fp32
+   reduce on CUDA); the collective transport into an engine process (NCCL with two GPUs, gloo
+   with one), checked by the engine's log-probs under the learner's new weights.
 
 Writes ``benchmarks/results/gpu_check.json`` (or ``--out``). Runs on CPU too (``--device cpu``),
 which is how it is smoke-tested on machines without a GPU.
