@@ -30,6 +30,7 @@ import yaml
 from agentrl_core.config import Config, config_to_dict
 from agentrl_core.errors import AgentrlError, ConfigError
 from agentrl_core.registry import Registry
+from agentrl_core.train.progress import Progress
 from agentrl_core.train.rollout_manager import RolloutManager, warmup_minimum
 from agentrl_core.train.step_metrics import batch_metrics, lag_histogram, sample_rollouts
 
@@ -46,6 +47,7 @@ class Trainer:
         self.run_dir = config.run.dir
         self.step = 0
         self.history: list[dict[str, Any]] = []
+        self.progress: Progress | None = None
         self._engine_busy: dict[str, tuple[float, float]] = {}
         self._validate_config()
 
@@ -163,8 +165,12 @@ class Trainer:
             self.normalizers = [self.registry.build("advantage_normalizer", n, c.advantage.options.get(n))
                                 for n in c.advantage.normalizers]
             try:
+                self.progress = Progress(c.train.total_steps, self._snapshot, echo=self.echo) \
+                    if c.logging.progress else None
                 async with anyio.create_task_group() as watch:
                     watch.start_soon(self._watch_engines)
+                    if self.progress is not None:
+                        watch.start_soon(self.progress.run)
                     if c.train.mode == "async":
                         await self._run_async()
                     else:
@@ -261,6 +267,11 @@ class Trainer:
         if c.train.checkpoint_every and self.step % c.train.checkpoint_every == 0:
             await self.save_checkpoint()
 
+    def _snapshot(self) -> dict[str, Any]:
+        stats = self.buffer.stats()
+        return {"episodes": sum(self.manager.statuses.values()), "in_flight": self.manager.in_flight,
+                "ready": stats.ready_trajectories, "pending": stats.pending_trajectories}
+
     # -- weight sync and engine failures ----------------------------------------------------------
 
     async def _sync(self, pool_names: list[str]) -> dict[str, float]:
@@ -325,8 +336,11 @@ class Trainer:
         for logger in self.metrics_out:
             logger.log(self.step, scalars)
         self.history.append(scalars)
-        if self.config.logging.progress:
-            self.echo(_progress_line(scalars, self.config.train.total_steps))
+        if self.progress is not None and "step" in scalars and any(k.startswith("task/") for k in scalars):
+            self.progress.step(scalars)
+        validation = {k.split("/")[1]: v for k, v in scalars.items() if k.startswith("val/") and k.endswith("/success")}
+        if validation:
+            self.echo(f"validation at step {self.step}: " + ", ".join(f"{t} {v:.3f}" for t, v in validation.items()))
 
     async def _engine_metrics(self) -> dict[str, float]:
         """Busy fraction (forward time / wall time) of each pool's engines since the last step."""
@@ -432,16 +446,6 @@ def _device_kind(device: str) -> str:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
-
-
-def _progress_line(m: dict[str, Any], total: int) -> str:
-    return (
-        f"step {int(m.get('step', 0))}/{total}  reward {m.get('reward', 0.0):.3f}  success {m.get('success', 0.0):.3f}  "
-        f"traj {int(m.get('trajectories', 0))}  lag {m.get('version_lag/mean', 0.0):.2f}  "
-        f"loss {m.get('learner/loss', m.get('learner/pg_loss', 0.0)):.4f}  "
-        f"tok/s {m.get('trained_tokens_per_s', 0.0):.0f}  step {m.get('time/step_s', 0.0):.1f}s "
-        f"(wait {m.get('time/wait_rollout_s', 0.0):.1f}s)"
-    )
 
 
 def training_table(history: list[dict[str, Any]]) -> str:
