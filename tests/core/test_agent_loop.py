@@ -251,3 +251,24 @@ def test_template_rewrite_is_detected(tokenizer, parser):
     loop = make_loop(rewriting, parser, ScriptedPool([]), SumEnv(), on_template_rewrite="error")
     with pytest.raises(TemplateError, match="rewrites earlier turns"):
         loop.encoder_for([ADD, ANSWER])
+
+
+def test_failed_setup_is_an_infra_failure_without_tokens(tokenizer, parser):
+    class BrokenSetup(SumEnv):
+        async def open(self, split, index):
+            env = self
+
+            class Failing(SumSession):
+                async def on_start(self):
+                    raise RuntimeError("the sandbox did not come up")
+
+                async def on_close(self):
+                    env.closed += 1
+
+            return Failing(self.tools, max_rounds=3)
+
+    env = BrokenSetup()
+    pool = ScriptedPool([])
+    traj = anyio.run(make_loop(tokenizer, parser, pool, env).run, REQUEST)
+    assert traj.status is Status.TASK_ERROR and traj.failure.value == "infra" and traj.training_reward is None
+    assert traj.input_ids == [] and pool.prompts == [] and env.closed == 1

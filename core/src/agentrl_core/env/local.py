@@ -29,6 +29,9 @@ class StartResult:
     session_id: int
     messages: list[Message]
     tools: list[dict[str, Any]]
+    status: str = Status.RUNNING.value
+    finish: bool = False
+    reward: float = 0.0
 
 
 @frozen
@@ -66,12 +69,19 @@ class LocalEnvClient:
         session = await env.open(split, index)
         try:
             step = await session.start()
+        except Exception as exc:  # as the worker does: a failed set-up is a task error of this session
+            await session.close()
+            log.warning("start of %s/%s failed: %s", task, index, exc)
+            return StartResult(next(self._ids), [], list(env.tools), Status.TASK_ERROR.value, True, 0.0)
         except BaseException:
             await session.close()
             raise
         sid = next(self._ids)
-        self._sessions[sid] = session
-        return StartResult(sid, list(step.messages), list(env.tools))
+        if step.finish:
+            await session.close()
+        else:
+            self._sessions[sid] = session
+        return StartResult(sid, list(step.messages), list(env.tools), step.status.value, step.finish, step.reward)
 
     async def interact(self, session_id: int, messages: Sequence[Message]) -> InteractResult:
         session = self._sessions.get(session_id)

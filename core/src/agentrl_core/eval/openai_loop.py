@@ -74,6 +74,10 @@ class OpenAIChatLoop:
             started = await self.env_client.start(request.task, request.index)
             session_id = started.session_id
             messages.extend(started.messages)
+            if getattr(started, "finish", False):
+                session_id = None
+                return {"status": str(Status(started.status).value), "reward": float(started.reward or 0.0),
+                        "turns": 0, "messages": messages}
             for turns in range(1, self.max_turns + 1):
                 try:
                     action = await self.complete(messages, started.tools)

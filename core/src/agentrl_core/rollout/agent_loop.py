@@ -154,6 +154,11 @@ class ChatAgentLoop:
                 state.finish(Status.UNKNOWN, 0.0, {"infra_error": f"start: {exc}"})
                 return self._trajectory(state)
             session_id = started.session_id
+            if getattr(started, "finish", False):  # the sample could not be set up (or ended at once)
+                state.finish(Status(started.status), float(getattr(started, "reward", 0.0) or 0.0),
+                             {"infra_error": f"start: the session ended with {Status(started.status).value!r}"}
+                             if failure_kind(started.status) is FailureKind.INFRA else {})
+                return self._trajectory(state)
             await self._play(state, started, session_id)
         except InfraFailure as exc:
             state.finish(Status.UNKNOWN, 0.0, {"infra_error": str(exc)})
