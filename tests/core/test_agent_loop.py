@@ -272,3 +272,29 @@ def test_failed_setup_is_an_infra_failure_without_tokens(tokenizer, parser):
     traj = anyio.run(make_loop(tokenizer, parser, pool, env).run, REQUEST)
     assert traj.status is Status.TASK_ERROR and traj.failure.value == "infra" and traj.training_reward is None
     assert traj.input_ids == [] and pool.prompts == [] and env.closed == 1
+
+
+def test_full_workers_are_waited_for_not_failed(tokenizer, parser):
+    from agentrl_core.env.client import NoCapacity
+
+    class BusyThenFree(LocalEnvClient):
+        refusals = 2
+
+        async def start(self, task, index):
+            if self.refusals:
+                self.refusals -= 1
+                raise NoCapacity("every worker of task 'sum-test' is full", status=406)
+            return await super().start(task, index)
+
+    env = SumEnv()
+    texts = [canonical_call("add", {"a": 2, "b": 3}), canonical_call("answer", {"value": 5})]
+    loop = ChatAgentLoop(tokenizer=tokenizer, env_client=BusyThenFree({"sum-test": (env, "test")}),
+                         pools={"current": ScriptedPool([(encode_reply(tokenizer, t), "stop", 0) for t in texts])},
+                         sampler=CurrentSampler(), tool_parser=parser, settings=LoopSettings())
+    traj = anyio.run(loop.run, REQUEST)
+    assert traj.status is Status.COMPLETED and traj.reward == 1.0
+    loop.env_client = BusyThenFree({"sum-test": (env, "test")})
+    loop.env_client.refusals = 100
+    loop.settings = LoopSettings(start_wait=1.0)
+    traj = anyio.run(loop.run, REQUEST)
+    assert traj.failure.value == "infra" and "full" in traj.metrics["infra_error"]

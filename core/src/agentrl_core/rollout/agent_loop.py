@@ -87,6 +87,7 @@ class LoopSettings:
     temperature: float = 0.8
     incomplete_punishment: float = -0.2
     max_abort_retries: int = 100
+    start_wait: float = 600.0  # seconds an episode waits for a free worker slot
     on_template_rewrite: str = field(default="keep_history")
     keep_messages: bool = True
 
@@ -148,7 +149,7 @@ class ChatAgentLoop:
         session_id = None
         try:
             try:
-                started = await self.env_client.start(request.task, request.index)
+                started = await self._start(request)
             except Exception as exc:  # the controller or worker failed: infrastructure
                 log.warning("start of %s/%s failed: %s", request.task, request.index, exc)
                 state.finish(Status.UNKNOWN, 0.0, {"infra_error": f"start: {exc}"})
@@ -167,6 +168,25 @@ class ChatAgentLoop:
                 with anyio.CancelScope(shield=True):
                     await self._end_session(session_id)
         return self._trajectory(state)
+
+    async def _start(self, request: RolloutRequest) -> Any:
+        """Start a session; while every worker of the task is full, wait and ask again.
+
+        A full worker (406) is back-pressure from the control plane, not a failure: the
+        episode waits for a slot with growing pauses, up to ``settings.start_wait`` seconds.
+        """
+        from agentrl_core.env.client import NoCapacity
+
+        deadline = time.monotonic() + self.settings.start_wait
+        pause = 0.5
+        while True:
+            try:
+                return await self.env_client.start(request.task, request.index)
+            except NoCapacity:
+                if time.monotonic() + pause > deadline:
+                    raise
+                await anyio.sleep(pause)
+                pause = min(pause * 2, 10.0)
 
     async def _end_session(self, session_id: Any) -> None:
         try:
