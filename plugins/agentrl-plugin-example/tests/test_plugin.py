@@ -11,7 +11,9 @@ import anyio
 import pytest
 from agentrl_plugin_example.env import CalcConfig, CalcEnvironment, make_problem
 
+from agentrl_core.config import config_from_dict
 from agentrl_core.env import assistant_tool_call, play_episode, read_demonstrations
+from agentrl_core.errors import ConfigError
 from agentrl_core.plugins import get_plugin_manager
 from agentrl_core.registry import Registry
 from agentrl_core.testing import check_environment
@@ -118,3 +120,17 @@ def test_compact_prompt_keeps_the_contract_and_drops_descriptions():
         await session.close()
 
     anyio.run(main)
+
+
+def test_ops_option_restricts_operators_and_keeps_default_problems():
+    default = [make_problem("train", i, CalcConfig()) for i in range(50)]
+    assert default == [make_problem("train", i, CalcConfig(ops=["+", "-", "*"])) for i in range(50)]
+    plus = [make_problem("train", i, CalcConfig(ops=["+"])) for i in range(50)]
+    assert {op for p in plus for op, _ in p.steps} == {"+"}
+    assert [len(p.steps) for p in plus] == [len(p.steps) for p in default]  # same draws, other operators
+    assert plus[3].answer == plus[3].start + sum(b for _, b in plus[3].steps)
+    for bad in ([], ["/"], ["+", "+"]):
+        with pytest.raises(ValueError, match="ops must be distinct operators"):
+            CalcConfig(ops=bad)
+    with pytest.raises(ConfigError, match=r"environments\.calc\.ops: ops must be distinct operators"):
+        config_from_dict({"environments": {"calc": {"ops": ["%"]}}})

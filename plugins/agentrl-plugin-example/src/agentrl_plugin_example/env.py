@@ -71,6 +71,11 @@ def _without_descriptions(tool: dict) -> dict:
 COMPACT_TOOLS = [_without_descriptions(t) for t in TOOLS]
 
 
+def _check_ops(instance: object, attribute: object, value: list[str]) -> None:
+    if not value or len(set(value)) != len(value) or set(value) - set(OPS):
+        raise ValueError(f"ops must be distinct operators among {list(OPS)}, got {value!r}")
+
+
 @frozen
 class CalcConfig:
     """Config section ``environments.calc``."""
@@ -83,6 +88,7 @@ class CalcConfig:
     max_rounds: int = field(default=10, validator=in_range(1))
     concurrency: int = field(default=256, validator=in_range(1))
     compact_prompt: bool = False  # tools without descriptions, one-line system prompt
+    ops: list[str] = field(factory=lambda: list(OPS), validator=_check_ops)  # operators problems use
 
 
 @frozen
@@ -122,7 +128,7 @@ def make_problem(split: str, index: int, config: CalcConfig) -> Problem:
     rng = random.Random(f"calc/{split}/{index}")
     n_ops = rng.randint(config.min_ops, max(config.min_ops, config.max_ops))
     start = rng.randint(1, config.max_operand)
-    steps = tuple((rng.choice(OPS), rng.randint(1, config.max_operand)) for _ in range(n_ops))
+    steps = tuple((rng.choice(config.ops), rng.randint(1, config.max_operand)) for _ in range(n_ops))
     return Problem(start, steps)
 
 
