@@ -85,6 +85,16 @@ def test_overrides_apply_and_are_validated(tmp_path, registry):
         load_config(path, ["rollout.temperature"], registry=registry)
 
 
+def test_exponent_numbers_without_a_dot_are_numbers(tmp_path, registry):
+    # YAML 1.1 reads 1e-6 (no dot) as a string; a float field takes it as the number people mean.
+    c = load_config(write(tmp_path, "optim:\n  lr: 1e-6\n"), ["loss.kl_coef=3E-4"], registry=registry)
+    assert c.optim.lr == 1e-6 and c.loss.kl_coef == 3e-4
+    with pytest.raises(ConfigError, match=r"optim.lr .*must be a number, got '1e-x'"):
+        load_config(write(tmp_path, "optim:\n  lr: 1e-x\n"), registry=registry)
+    with pytest.raises(ConfigError, match=r"rollout.n_samples .*must be an integer, got '1e3'"):
+        load_config(write(tmp_path, "rollout:\n  n_samples: 1e3\n"), registry=registry)
+
+
 def test_plugin_section_validated_by_plugin_schema(tmp_path, registry):
     c = load_config(write(tmp_path, "tasks:\n  - env: toy\n"), registry=registry)
     assert c.environments["toy"] == ToyEnvConfig()  # defaults filled in for a used environment

@@ -11,6 +11,7 @@ Validators on attrs fields raise ``ValueError`` with a short reason ("must be in
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -20,6 +21,9 @@ import attrs
 import yaml
 
 from agentrl_core.errors import ConfigError
+
+# Numbers in exponent form without a dot (``3e-4``), which YAML 1.1 leaves as strings.
+_YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 Marks = Mapping[str, str]  # dotted path -> "file:line"
 
@@ -129,6 +133,9 @@ def _convert(tp: Any, value: Any, path: str, marks: Marks | None) -> Any:
             raise ConfigError(f"{path}{where(path, marks)} must be an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _YAML11_FLOAT.fullmatch(value.strip()):
+            # YAML 1.1 (PyYAML) reads ``1e-6`` without a dot as a string; everyone writes it.
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{path}{where(path, marks)} must be a number, got {value!r}")
         return float(value)
