@@ -239,6 +239,10 @@ def analyse(result: dict[str, Any], skip: int, batch: int) -> dict[str, Any]:
         "cpu_seconds": round(cpu, 1),
         "cpu_seconds_by_role": dict(sorted(cpu_roles.items(), key=lambda kv: -kv[1])),
         "cpu_share_of_2_cores": round(cpu / (wall * (os.cpu_count() or 1)), 3) if wall > 0 else 0.0,
+        # the learner's efficiency apart from the load: tokens per CPU second it got, and cores it got while training
+        "learner_tokens_per_cpu_s": round(tokens / cpu_roles["learner"], 1) if cpu_roles.get("learner") else None,
+        "learner_cores_while_training": round(cpu_roles.get("learner", 0.0) / learner["train"], 3)
+        if learner["train"] else None,
         "cpu_seconds_per_1k_tokens": round(1000 * cpu / tokens, 3) if tokens else None,
         "load1_during": round(statistics.fmean(s["load1"] for s in samples), 2) if samples else None,
         "load_before": [round(x, 2) for x in result["load_before"]],
