@@ -93,6 +93,36 @@ def test_sigkill_and_resume_trains_the_same_groups(tmp_path, tiny_model_dir):
     assert set(groups_b) == set(groups_a), "the resumed run skipped or added groups of the epoch"
 
 
+def test_sigint_stops_after_the_step_and_saves_everything(tmp_path, tiny_model_dir):
+    # Ctrl-C (or SIGTERM from a scheduler) once: the step in progress completes, a checkpoint
+    # and the final model are written, every process goes away, and the exit code is 130.
+    config = write_config(tmp_path, tiny_model_dir, "interrupted", **{"train.total_steps": 50,
+                                                                      "train.save_hf_model": True})
+    run_dir = tmp_path / "interrupted"
+    proc = agentrl("train", str(config))
+    deadline = time.monotonic() + 900
+    while not (run_dir / "trained_groups.jsonl").exists() or len(trained(run_dir)) < 3:
+        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 130, out[-4000:]
+    assert "SIGINT: stopping after the current step" in out and "Traceback" not in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = summary["steps"]
+    assert summary["interrupted"] is True and 3 <= steps < 50
+    assert len(trained(run_dir)) == steps
+    assert (run_dir / "checkpoints" / f"step_{steps:08d}").is_dir()
+    assert (run_dir / "final_model" / "config.json").exists()
+    leftovers = _processes_of(run_dir)
+    deadline = time.monotonic() + 60
+    while leftovers and time.monotonic() < deadline:
+        time.sleep(1)
+        leftovers = _processes_of(run_dir)
+    assert not leftovers, f"processes of the interrupted run are still alive: {leftovers}"
+
+
 def test_killed_worker_is_survived_and_counted(tmp_path, tiny_model_dir):
     config = write_config(tmp_path, tiny_model_dir, "worker_killed", **{"train.total_steps": 5})
     cfg = yaml.safe_load(config.read_text())

@@ -25,5 +25,5 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"launch.address={args.address}")
     registry = Registry()
     config = load_config(args.config, overrides, registry=registry)
-    Trainer(config, resume=args.resume, registry=registry).run()
-    return 0
+    summary = Trainer(config, resume=args.resume, registry=registry).run()
+    return 130 if summary.get("interrupted") else 0  # stopped early by SIGINT/SIGTERM, state saved

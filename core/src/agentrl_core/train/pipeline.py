@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,9 @@ class Trainer:
         self.echo = echo
         self.run_dir = config.run.dir
         self.step = 0
+        self.stop_requested = False  # first SIGINT/SIGTERM: finish cleanly after this step
+        self.aborted = False  # second signal: tear down now
+        self._wait_scope: anyio.CancelScope | None = None
         self.history: list[dict[str, Any]] = []
         self.progress: Progress | None = None
         self._engine_busy: dict[str, tuple[float, float]] = {}
@@ -109,7 +114,10 @@ class Trainer:
             init_ray(c, num_cpus=len(devices) if kind == "cpu" else None)
             pools = RayPools(placement, c, model_path=c.model.path, run_dir=self.run_dir)
             self.echo(f"set-up done in {time.monotonic() - t0:.1f} s (controller {url}, engines {pools.urls})")
-            return anyio.run(self._main, url, pools, sampler)
+            summary = anyio.run(self._main, url, pools, sampler)
+            if self.aborted:
+                raise KeyboardInterrupt
+            return summary
         finally:
             if pools is not None:
                 pools.shutdown()
@@ -167,8 +175,11 @@ class Trainer:
             try:
                 self.progress = Progress(c.train.total_steps, self._snapshot, echo=self.echo) \
                     if c.logging.progress else None
+                summary: dict[str, Any] = {"steps": self.step, "aborted": True}
                 async with anyio.create_task_group() as watch:
                     watch.start_soon(self._watch_engines)
+                    if threading.current_thread() is threading.main_thread():
+                        watch.start_soon(self._watch_signals, watch.cancel_scope)
                     if self.progress is not None:
                         watch.start_soon(self.progress.run)
                     if c.train.mode == "async":
@@ -190,10 +201,13 @@ class Trainer:
         first = True
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.manager.run_forever)
-            while self.step < c.train.total_steps:
+            while self.step < c.train.total_steps and not self.stop_requested:
                 t0 = time.monotonic()
                 minimum = warmup_minimum(batch, c.rollout.warmup_factor, c.rollout.n_samples) if first else batch
-                trajectories = await self.buffer.get(minimum)
+                with anyio.CancelScope() as self._wait_scope:
+                    trajectories = await self.buffer.get(minimum)
+                if self._wait_scope.cancel_called:
+                    break
                 first = False
                 await self._step(trajectories, wait_s=time.monotonic() - t0)
                 self.manager.notify_step()
@@ -202,9 +216,12 @@ class Trainer:
 
     async def _run_sync(self) -> None:
         c = self.config
-        while self.step < c.train.total_steps:
+        while self.step < c.train.total_steps and not self.stop_requested:
             t0 = time.monotonic()
-            await self.manager.run_groups(c.rollout.batch_size)
+            with anyio.CancelScope() as self._wait_scope:  # groups cut short are issued again on resume
+                await self.manager.run_groups(c.rollout.batch_size)
+            if self._wait_scope.cancel_called:
+                break
             ready = self.buffer.stats().ready_trajectories
             if ready == 0:
                 log.warning("every group of this batch was dropped (infrastructure failures); generating again")
@@ -413,16 +430,36 @@ class Trainer:
         _truncate_log(self.run_dir / "trained_groups.jsonl", self.step)  # steps after it were lost with the kill
         self.echo(f"resumed from {path} at step {self.step}; {len(self.stream.outstanding)} groups re-issued first")
 
+    async def _watch_signals(self, scope: anyio.CancelScope) -> None:
+        """Ctrl-C or SIGTERM once: stop after the current step, checkpoint, save, exit. Twice: abort now."""
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if not self.stop_requested:
+                    self.stop_requested = True
+                    if self._wait_scope is not None:
+                        self._wait_scope.cancel()  # waiting for rollouts: stop waiting; a running step completes
+                    self.echo(f"\n{name}: stopping after the current step (a checkpoint and the final model are "
+                              "still written); send it again to abort at once")
+                else:
+                    self.echo(f"\n{name} again: aborting without saving")
+                    self.aborted = True
+                    scope.cancel()
+                    return
+
     async def _finish(self) -> dict[str, Any]:
         c = self.config
+        interrupted = self.stop_requested and self.step < c.train.total_steps
+        if interrupted:
+            self.echo(f"stopped at step {self.step} of {c.train.total_steps}")
         if c.train.checkpoint_every and self.step % c.train.checkpoint_every:
             await self.save_checkpoint()
         final_model = None
         if c.train.save_hf_model:
             async with self.learner_lock:
                 final_model = (await self.pools.all_ranks("save_hf_model", str(self.run_dir / "final_model")))[0]
-        summary: dict[str, Any] = {"steps": self.step, "final_model": final_model}
-        if c.train.eval_tasks:
+        summary: dict[str, Any] = {"steps": self.step, "final_model": final_model, "interrupted": interrupted}
+        if c.train.eval_tasks and not interrupted:
             summary["validation"] = await self.validate()
             from agentrl_core.eval.metrics import format_table
 
