@@ -12,7 +12,9 @@ disjoint cores in async mode. The same code runs on one machine with a local Ray
 from __future__ import annotations
 
 import logging
+import math
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -151,6 +153,22 @@ class EngineHost:
         self.driver.shutdown()
 
 
+def bundle_resources(placement: Placement) -> list[dict[str, float]]:
+    """Ray resources of each bundle: the learner ranks' first, then every engine's, pool by pool.
+
+    A device claimed by k bundles (a colocated learner and engine; a pool too small for a
+    device of its own sharing another pool's) gives each of them 1/k of itself, so the
+    placement group asks for exactly the devices there are and can be satisfied.
+    """
+    slots = [*placement.learner, *(devs for engines in placement.pools.values() for devs in engines)]
+    claims = Counter(d for devs in slots for d in devs)
+    out = []
+    for devices in slots:
+        amount = math.floor(sum(1.0 / claims[d] for d in devices) * 1e6 + 1e-6) / 1e6  # never above the device
+        out.append({"GPU": amount, "CPU": 1} if placement.kind == "cuda" else {"CPU": amount})
+    return out
+
+
 class RayPools:
     """The placement group, the learner ranks and the engine hosts of one run."""
 
@@ -161,29 +179,22 @@ class RayPools:
 
         self.placement = placement
         kind = placement.kind
-        share = 0.5 if placement.colocated else 1.0  # colocated: learner and engines both claim the devices
-
-        def bundle(devices: Sequence[int]) -> dict[str, float]:
-            if kind == "cuda":
-                return {"GPU": len(devices) * share, "CPU": 1}
-            return {"CPU": len(devices) * share}
-
         engine_slots = [(pool, devs) for pool, engines in placement.pools.items() for devs in engines]
-        bundles = [bundle(d) for d in placement.learner] + [bundle(d) for _, d in engine_slots]
+        bundles = bundle_resources(placement)
         self.pg = placement_group(bundles, strategy="PACK")
         ray.get(self.pg.ready(), timeout=600)
 
         def strategy(i: int) -> PlacementGroupSchedulingStrategy:
             return PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
 
-        def resources(devices: Sequence[int]) -> dict[str, Any]:
-            b = bundle(devices)
-            return {"num_cpus": b.get("CPU", 0), "num_gpus": b.get("GPU", 0)}
+        def resources(i: int) -> dict[str, Any]:
+            return {"num_cpus": bundles[i].get("CPU", 0), "num_gpus": bundles[i].get("GPU", 0)}
 
         self.hosts: dict[str, list[Any]] = {}
         host_cls = ray.remote(EngineHost)
         for j, (pool, devs) in enumerate(engine_slots):
-            host = host_cls.options(scheduling_strategy=strategy(len(placement.learner) + j), **resources(devs)).remote(
+            slot = len(placement.learner) + j
+            host = host_cls.options(scheduling_strategy=strategy(slot), **resources(slot)).remote(
                 kind, devs, config, str(run_dir / "logs"))
             self.hosts.setdefault(pool, []).append(host)
         self.urls: dict[str, list[str]] = {}
@@ -201,7 +212,7 @@ class RayPools:
         rank_cls = ray.remote(LearnerRank)
         world = len(placement.learner)
         self.ranks = [
-            rank_cls.options(scheduling_strategy=strategy(i), **resources(devs)).remote(
+            rank_cls.options(scheduling_strategy=strategy(i), **resources(i)).remote(
                 i, world, master, devs, kind, model_path, config)
             for i, devs in enumerate(placement.learner)
         ]
