@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_core.config import Config
+from agentrl_core.errors import AgentrlError
 from agentrl_core.launch.placement import Placement
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ class RayPools:
 
     def __init__(self, placement: Placement, config: Config, *, model_path: str, run_dir: Path) -> None:
         import ray
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.placement = placement
@@ -182,7 +183,15 @@ class RayPools:
         engine_slots = [(pool, devs) for pool, engines in placement.pools.items() for devs in engines]
         bundles = bundle_resources(placement)
         self.pg = placement_group(bundles, strategy="PACK")
-        ray.get(self.pg.ready(), timeout=600)
+        try:
+            ray.get(self.pg.ready(), timeout=float(os.environ.get("AGENTRL_PLACEMENT_TIMEOUT", "600")))
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(self.pg)
+            raise AgentrlError(
+                f"Ray could not reserve the placement group {bundles} (learner ranks first, then engines) "
+                f"within the timeout; the cluster has {ray.available_resources()} available. "
+                "Lower train.world_size / engine.num_engines, or start Ray with more resources."
+            ) from None
 
         def strategy(i: int) -> PlacementGroupSchedulingStrategy:
             return PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
