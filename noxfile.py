@@ -107,6 +107,7 @@ def _install_everything(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """Every package together: cross-package and end-to-end tests."""
     _install_everything(session)
+    _install(session, "-r", str(ROOT / "benchmarks" / "requirements.txt"))  # the benchmark smoke tests plot
     for plugin_dir in PLUGINS.values():
         setup = _settings(plugin_dir).get("integration_setup")
         if setup:
