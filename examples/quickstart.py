@@ -34,7 +34,7 @@ def main() -> int:
     parser.add_argument("--config", default=str(ROOT / "examples" / "quickstart.yaml"))
     parser.add_argument("--out", default="runs/quickstart", help="run folder (relative to the repository)")
     parser.add_argument("--steps", type=int, default=None, help="override train.total_steps")
-    parser.add_argument("--demos", type=int, default=400, help="calc demonstrations for SFT")
+    parser.add_argument("--demos", type=int, default=2500, help="calc demonstrations for SFT")
     args = parser.parse_args()
     out = ROOT / args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -43,7 +43,7 @@ def main() -> int:
     t0 = time.monotonic()
     if not (out / "model" / "config.json").exists():
         agentrl("model", "init", "--out", str(out / "model"), "--size", "tiny")
-    agentrl("demos", "--env", "calc", "--split", "train", "--limit", str(args.demos), "--error-rate", "0.25",
+    agentrl("demos", "--env", "calc", "--split", "train", "--limit", str(args.demos), "--error-rate", "0.3",
             "--config", args.config, "--out", str(out / "demos.jsonl"))
     agentrl("sft", args.config, *common, "--set", f"model.path={out / 'model'}",
             "--set", f"sft.data=[{out / 'demos.jsonl'}]", "--set", f"sft.output_dir={out / 'sft_model'}")
