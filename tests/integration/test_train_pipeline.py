@@ -60,6 +60,24 @@ def finish(proc: subprocess.Popen, timeout: float = 900) -> str:
     return out
 
 
+def wait_for_steps(proc: subprocess.Popen, run_dir: Path, steps: int, timeout: float = 900) -> None:
+    """Wait until the run has logged ``steps`` trained steps (1: the first one)."""
+    deadline = time.monotonic() + timeout
+    while not (run_dir / "trained_groups.jsonl").exists() or len(trained(run_dir)) < steps:
+        assert proc.poll() is None, proc.stdout.read()[-4000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+
+
+def assert_no_processes_left(run_dir: Path, timeout: float = 60) -> None:
+    leftovers = _processes_of(run_dir)
+    deadline = time.monotonic() + timeout
+    while leftovers and time.monotonic() < deadline:
+        time.sleep(1)
+        leftovers = _processes_of(run_dir)
+    assert not leftovers, f"processes of the run are still alive: {leftovers}"
+
+
 def test_sigkill_and_resume_trains_the_same_groups(tmp_path, tiny_model_dir):
     reference = write_config(tmp_path, tiny_model_dir, "uninterrupted")
     out = finish(agentrl("train", str(reference)))
@@ -70,20 +88,10 @@ def test_sigkill_and_resume_trains_the_same_groups(tmp_path, tiny_model_dir):
     config = write_config(tmp_path, tiny_model_dir, "killed")
     run_dir = tmp_path / "killed"
     proc = agentrl("train", str(config))
-    deadline = time.monotonic() + 900
-    # kill -9 once step 3 is logged (the last checkpoint is step 2's)
-    while not (run_dir / "trained_groups.jsonl").exists() or len(trained(run_dir)) < 3:
-        assert proc.poll() is None, proc.stdout.read()[-4000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
+    wait_for_steps(proc, run_dir, 3)  # kill -9 once step 3 is logged (the last checkpoint is step 2's)
     os.kill(proc.pid, signal.SIGKILL)  # the driver only: its controller, workers and engines must follow
     proc.wait()
-    leftovers = _processes_of(run_dir)
-    deadline = time.monotonic() + 60
-    while leftovers and time.monotonic() < deadline:
-        time.sleep(1)
-        leftovers = _processes_of(run_dir)
-    assert not leftovers, f"processes of the killed run are still alive: {leftovers}"
+    assert_no_processes_left(run_dir)
     assert (run_dir / "checkpoints" / "step_00000002").is_dir()
 
     out = finish(agentrl("train", str(config), "--resume"))
@@ -100,11 +108,7 @@ def test_sigint_stops_after_the_step_and_saves_everything(tmp_path, tiny_model_d
                                                                       "train.save_hf_model": True})
     run_dir = tmp_path / "interrupted"
     proc = agentrl("train", str(config))
-    deadline = time.monotonic() + 900
-    while not (run_dir / "trained_groups.jsonl").exists() or len(trained(run_dir)) < 3:
-        assert proc.poll() is None, proc.stdout.read()[-4000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
+    wait_for_steps(proc, run_dir, 3)
     os.kill(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 130, out[-4000:]
@@ -115,12 +119,7 @@ def test_sigint_stops_after_the_step_and_saves_everything(tmp_path, tiny_model_d
     assert len(trained(run_dir)) == steps
     assert (run_dir / "checkpoints" / f"step_{steps:08d}").is_dir()
     assert (run_dir / "final_model" / "config.json").exists()
-    leftovers = _processes_of(run_dir)
-    deadline = time.monotonic() + 60
-    while leftovers and time.monotonic() < deadline:
-        time.sleep(1)
-        leftovers = _processes_of(run_dir)
-    assert not leftovers, f"processes of the interrupted run are still alive: {leftovers}"
+    assert_no_processes_left(run_dir)
 
 
 def test_killed_worker_is_survived_and_counted(tmp_path, tiny_model_dir):
@@ -131,11 +130,7 @@ def test_killed_worker_is_survived_and_counted(tmp_path, tiny_model_dir):
     config.write_text(yaml.safe_dump(cfg))
     run_dir = tmp_path / "worker_killed"
     proc = agentrl("train", str(config))
-    deadline = time.monotonic() + 900
-    while not (run_dir / "trained_groups.jsonl").exists():
-        assert proc.poll() is None, proc.stdout.read()[-4000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
+    wait_for_steps(proc, run_dir, 1)
     victims = subprocess.run(["pgrep", "-f", f"worker --env calc .*{run_dir.name}|worker --env calc"],
                              capture_output=True, text=True).stdout.split()
     workers = [int(p) for p in victims if _is_child_worker(int(p), run_dir)]
@@ -179,11 +174,7 @@ def test_killed_engine_is_restarted_and_training_continues(tmp_path, tiny_model_
     config.write_text(yaml.safe_dump(cfg))
     run_dir = tmp_path / "engine_killed"
     proc = agentrl("train", str(config))
-    deadline = time.monotonic() + 900
-    while not (run_dir / "trained_groups.jsonl").exists():
-        assert proc.poll() is None, proc.stdout.read()[-4000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.5)
+    wait_for_steps(proc, run_dir, 1)
     engines = [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and _mentions(e, "engine", run_dir)]
     assert len(engines) == 1
     os.kill(engines[0], signal.SIGKILL)
