@@ -175,7 +175,7 @@ class Trainer:
             try:
                 self.progress = Progress(c.train.total_steps, self._snapshot, echo=self.echo) \
                     if c.logging.progress else None
-                summary: dict[str, Any] = {"steps": self.step, "aborted": True}
+                summary: dict[str, Any] = {}  # set by _finish; an aborted run raises instead
                 async with anyio.create_task_group() as watch:
                     watch.start_soon(self._watch_engines)
                     if threading.current_thread() is threading.main_thread():
