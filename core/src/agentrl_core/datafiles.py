@@ -1,14 +1,17 @@
-"""Find a plugin's data files: config path, ``AGENTRL_DATA_DIR``, package data, or checkout.
+"""Find a plugin's data files: config path, ``AGENTRL_DATA_DIR``, or the package's own data.
 
-Environment plugins ship their data inside the wheel (``<package>/data/...``), so
-``pip install agentrl-env-db`` works without a repository. In a development checkout the
-same files are read from the repository's ``shared/data`` folder. Lookup order for
-``locate("standard.jsonl", package="agentrl_env_db", shared="db")``:
+Environment plugins ship their data inside their package (``<package>/data/...``), so a
+wheel, an sdist and a repository checkout all carry it and nothing outside the installed
+package is read. Lookup order for
+``locate("standard.jsonl", package="agentrl_env_db", subdir="db")``:
 
 1. ``override`` (a directory from the plugin's config), if given;
-2. ``$AGENTRL_DATA_DIR/db/standard.jsonl``;
-3. the package data ``agentrl_env_db/data/standard.jsonl``;
-4. ``shared/data/db/standard.jsonl`` in a parent folder of the installed package (checkouts).
+2. ``$AGENTRL_DATA_DIR/db/standard.jsonl`` (one folder holding every plugin's data, one
+   sub-folder per environment);
+3. the package data ``agentrl_env_db/data/standard.jsonl``.
+
+With ``sha256`` the file found is checked, so a stale or corrupt copy fails loudly instead of
+producing different tasks.
 """
 
 from __future__ import annotations
@@ -20,28 +23,34 @@ from pathlib import Path
 
 from agentrl_core.errors import AgentrlError
 
+__all__ = ["DataFileError", "candidates", "locate", "package_data_dir", "sha256_of", "verify_sha256"]
+
 
 class DataFileError(AgentrlError):
     """A data file is missing or does not match its recorded checksum."""
 
 
-def candidates(relpath: str, *, package: str, shared: str | None = None, override: str | os.PathLike | None = None) -> list[Path]:
+def package_data_dir(package: str) -> Path | None:
+    """``<package>/data`` of an importable package (without importing it), or None."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def candidates(
+    relpath: str, *, package: str, subdir: str | None = None, override: str | os.PathLike | None = None
+) -> list[Path]:
+    """Where :func:`locate` looks for ``relpath``, in order."""
     out: list[Path] = []
     if override:
         out.append(Path(override) / relpath)
     env_dir = os.environ.get("AGENTRL_DATA_DIR")
     if env_dir:
-        out.append(Path(env_dir) / (shared or "") / relpath)
-    spec = importlib.util.find_spec(package)
-    if spec is not None and spec.submodule_search_locations:
-        pkg_dir = Path(next(iter(spec.submodule_search_locations)))
-        out.append(pkg_dir / "data" / relpath)
-        if shared is not None:
-            for parent in pkg_dir.parents:
-                shared_dir = parent / "shared" / "data"
-                if shared_dir.is_dir():
-                    out.append(shared_dir / shared / relpath)
-                    break
+        out.append(Path(env_dir) / (subdir or "") / relpath)
+    data_dir = package_data_dir(package)
+    if data_dir is not None:
+        out.append(data_dir / relpath)
     return out
 
 
@@ -49,12 +58,12 @@ def locate(
     relpath: str,
     *,
     package: str,
-    shared: str | None = None,
+    subdir: str | None = None,
     override: str | os.PathLike | None = None,
     sha256: str | None = None,
 ) -> Path:
     """Return the first existing candidate path, checked against ``sha256`` when given."""
-    tried = candidates(relpath, package=package, shared=shared, override=override)
+    tried = candidates(relpath, package=package, subdir=subdir, override=override)
     for path in tried:
         if path.exists():
             if sha256 is not None and path.is_file():

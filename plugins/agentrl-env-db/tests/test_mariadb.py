@@ -23,7 +23,7 @@ from agentrl_core.testing import check_environment
 
 pytestmark = pytest.mark.mariadb
 
-# The one std sample no correct agent can solve (listed in shared/data/db/PROVENANCE.md).
+# The one std sample no correct agent can solve (listed in agentrl_env_db/data/PROVENANCE.md).
 MARIADB_STD_MISSES = {225: "the stored hash matches neither the table before nor after the gold UPDATE"}
 JIU = "`Jiu-Jitsu Championships Results`"
 

@@ -141,20 +141,13 @@ def test_image_recipe_hashes_chain():
     assert len(set(hashes.values())) == 4 and all(len(h) == 12 for h in hashes.values())
 
 
-def test_the_wheel_ships_every_checked_data_file():
+def test_the_package_ships_exactly_the_checked_data_files():
+    """Every file the tasks read is in the package (so in the wheel), and nothing unchecked is."""
     from pathlib import Path
 
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10: pytest depends on tomli there
-        import tomli as tomllib
-
+    import agentrl_env_os
     from agentrl_env_os.checksums import SHA256
 
-    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
-    shipped = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
-    sources = [src.removeprefix("../../../shared/data/os/") for src in shipped]
-    for relpath in SHA256:
-        assert any(relpath == src or relpath.startswith(src + "/") for src in sources), relpath
-    for src, dest in shipped.items():
-        assert dest == "agentrl_env_os/data/" + src.removeprefix("../../../shared/data/os/")
+    root = Path(agentrl_env_os.__file__).parent / "data"
+    shipped = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    assert shipped - {"PROVENANCE.md"} == set(SHA256)

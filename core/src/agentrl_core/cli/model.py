@@ -12,7 +12,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     init.add_argument("--out", required=True, help="output directory (a Hugging Face model directory)")
     init.add_argument("--size", choices=["tiny", "small"], default="tiny", help="tiny: 1.3M parameters; small: 28M")
     init.add_argument("--seed", type=int, default=0, help="seed of the weight initialisation")
-    init.add_argument("--data-dir", default=None, help="bundled data folder (default: $AGENTRL_DATA_DIR or shared/data)")
+    init.add_argument("--data-dir", default=None, help="folder of texts for the tokenizer (default: $AGENTRL_DATA_DIR, else the data of the installed environment plugins)")
     init.set_defaults(run=run_init)
     p.set_defaults(run=lambda args: p.print_help() or 2)
 

@@ -3,8 +3,9 @@
 There is no model hub here, so tests, the quickstart and the learning benchmark start from
 a model made on the spot:
 
-* a byte-level BPE tokenizer trained with ``tokenizers`` on the bundled environment texts
-  (``shared/data``: DB, KG, OS, WebShop and ALFWorld task texts) plus synthetic tool-call
+* a byte-level BPE tokenizer trained with ``tokenizers`` on the task texts that installed
+  environment plugins ship in their ``data/`` folders (DB, KG, OS, WebShop, ALFWorld when
+  those plugins are installed; :func:`corpus_sources`) plus synthetic tool-call
   conversations, using Qwen2's pre-tokenizer (NFC, the Qwen2 split regex, byte level), so
   every digit is its own token and JSON punctuation merges like Qwen's;
 * Qwen2.5's special tokens (``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``,
@@ -33,7 +34,7 @@ from agentrl_core.rollout.chat_template import QWEN25_CHAT_TEMPLATE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MODEL_SIZES", "SPECIAL_TOKENS", "init_model", "training_corpus", "find_data_dir"]
+__all__ = ["MODEL_SIZES", "SPECIAL_TOKENS", "init_model", "training_corpus", "corpus_sources"]
 
 # Qwen2.5's added tokens in Qwen's order; ``special`` as in Qwen2.5's tokenizer.json
 # (tool-call and FIM markers are not special there, so decoding keeps them).
@@ -89,53 +90,63 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
     ),
 }
 
-# (path under the data folder, at most this many bytes of it)
-CORPUS_FILES: list[tuple[str, int]] = [
-    ("db/standard.jsonl", 600_000),
-    ("db/dev.jsonl", 150_000),
-    ("kg/agentbench/std.json", 200_000),
-    ("kg/agentbench/dev.json", 30_000),
-    ("kg/fb15k237/kgbert/entity2text.txt", 150_000),
-    ("kg/fb15k237/kgbert/relation2text.txt", 30_000),
-    ("os/train_0317/training.json", 500_000),
-    ("os/data/dev.json", 20_000),
-    ("webshop/human_goals.json", 300_000),
-    ("webshop/goal_query_map.json", 100_000),
-    ("alfworld/games_manifest.tsv", 60_000),
-]
-ALFWORLD_GAMES = ("alfworld/games_valid_unseen.tar.xz", 2)  # a few PDDL game files (room descriptions)
+# How much of the installed environment plugins' data goes into the tokenizer corpus.
+CORPUS_SUFFIXES = (".json", ".jsonl", ".txt", ".tsv")
+CORPUS_BYTES_PER_FILE = 150_000
+CORPUS_BYTES_PER_SOURCE = 1_200_000
+CORPUS_GAMES_PER_ARCHIVE = 2  # ``.tar.xz`` archives (ALFWorld games): a few room descriptions
 
 
-def find_data_dir() -> Path | None:
-    """The bundled data: ``$AGENTRL_DATA_DIR`` or the checkout's ``shared/data``."""
+def corpus_sources(data_dir: str | os.PathLike | None = None) -> list[Path]:
+    """Folders whose texts the tokenizer is trained on, in a fixed order.
+
+    ``data_dir`` if given, else ``$AGENTRL_DATA_DIR``, else the ``data/`` folder of every
+    installed agentrl plugin package (found from the ``agentrl`` entry points without
+    importing them), sorted by package name. Nothing outside installed packages is read.
+    """
+    if data_dir is not None:
+        path = Path(data_dir)
+        if not path.is_dir():
+            raise FileNotFoundError(f"--data-dir {path} is not a folder")
+        return [path]
     env_dir = os.environ.get("AGENTRL_DATA_DIR")
     if env_dir and Path(env_dir).is_dir():
-        return Path(env_dir)
-    for parent in Path(__file__).resolve().parents:
-        candidate = parent / "shared" / "data"
-        if candidate.is_dir():
-            return candidate
-    return None
+        return [Path(env_dir)]
+    from importlib.metadata import entry_points
 
+    from agentrl_core.datafiles import package_data_dir
 
-def _data_texts(data_dir: Path) -> Iterator[str]:
-    for relpath, limit in CORPUS_FILES:
-        path = data_dir / relpath
-        if not path.is_file():
-            log.warning("tokenizer corpus: %s is missing, skipped", path)
+    packages = sorted({ep.value.split(":")[0].split(".")[0] for ep in entry_points(group="agentrl")})
+    found = []
+    for package in packages:
+        try:
+            folder = package_data_dir(package)
+        except (ImportError, ValueError):  # a broken distribution: its data is not used
             continue
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read(limit)
-        yield from text.splitlines(keepends=True)
-    archive, count = ALFWORLD_GAMES
-    path = data_dir / archive
-    if path.is_file():
-        with tarfile.open(path) as tf:
-            members = [m for m in tf.getmembers() if m.isfile()][:count]
-            for member in members:
-                handle = tf.extractfile(member)
-                if handle is not None:
-                    yield from handle.read().decode("utf-8", "replace").splitlines(keepends=True)
+        if folder is not None and folder.is_dir():
+            found.append(folder)
+    return found
+
+
+def _source_texts(folder: Path) -> Iterator[str]:
+    budget = CORPUS_BYTES_PER_SOURCE
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        if budget <= 0:
+            return
+        if path.name.endswith(".tar.xz"):
+            with tarfile.open(path, "r:xz") as tf:
+                members = sorted((m for m in tf.getmembers() if m.isfile()), key=lambda m: m.name)
+                for member in members[:CORPUS_GAMES_PER_ARCHIVE]:
+                    handle = tf.extractfile(member)
+                    if handle is not None:
+                        text = handle.read(min(budget, CORPUS_BYTES_PER_FILE)).decode("utf-8", "replace")
+                        budget -= len(text)
+                        yield from text.splitlines(keepends=True)
+        elif path.suffix in CORPUS_SUFFIXES:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read(min(budget, CORPUS_BYTES_PER_FILE))
+            budget -= len(text)
+            yield from text.splitlines(keepends=True)
 
 
 _TOOL_NAMES = [
@@ -191,14 +202,16 @@ def _synthetic_conversations(n: int, seed: int) -> Iterator[str]:
         yield template.render(messages=messages, tools=chosen, add_generation_prompt=False)
 
 
-def training_corpus(data_dir: Path | None = None, seed: int = 0) -> list[str]:
-    """The texts the tokenizer is trained on (data files when found, always the synthetic part)."""
-    data_dir = data_dir or find_data_dir()
+def training_corpus(data_dir: str | os.PathLike | None = None, seed: int = 0) -> list[str]:
+    """The texts the tokenizer is trained on: plugins' data (see :func:`corpus_sources`) and
+    synthetic tool-call conversations."""
+    sources = corpus_sources(data_dir)
     texts: list[str] = []
-    if data_dir is None:
-        log.warning("no bundled data found (set AGENTRL_DATA_DIR); training the tokenizer on synthetic text only")
-    else:
-        texts.extend(_data_texts(data_dir))
+    if not sources:
+        log.warning("no environment plugin with data is installed (and no --data-dir); "
+                    "training the tokenizer on synthetic text only")
+    for folder in sources:
+        texts.extend(_source_texts(folder))
     texts.extend(_synthetic_conversations(2000, seed))
     return texts
 
@@ -242,7 +255,7 @@ def init_model(out_dir: str | os.PathLike, size: str = "tiny", seed: int = 0, *,
     out.mkdir(parents=True, exist_ok=True)
     spec = dict(MODEL_SIZES[size])
     bpe_vocab = spec.pop("vocab")
-    raw = train_tokenizer(training_corpus(Path(data_dir) if data_dir else None, seed), bpe_vocab)
+    raw = train_tokenizer(training_corpus(data_dir, seed), bpe_vocab)
 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw,

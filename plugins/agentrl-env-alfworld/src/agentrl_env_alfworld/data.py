@@ -1,7 +1,6 @@
 """The bundled ALFWorld games: split lists, index sets, archives unpacked to a cache.
 
-Files (in the wheel under ``agentrl_env_alfworld/data/``, in a checkout under
-``shared/data/alfworld/``; see its PROVENANCE.md):
+Files (in the package under ``agentrl_env_alfworld/data/``; see its PROVENANCE.md):
 
 * ``agentbench/{new_std,dev,train_valid}.json``: AgentBench's split lists (upstream paths);
 * ``games_valid_unseen.tar.xz``, ``games_train.tar.xz``: the ``game.tw-pddl`` files;
@@ -30,7 +29,7 @@ from attrs import frozen
 from agentrl_core.datafiles import DataFileError, locate, sha256_of
 
 PACKAGE = "agentrl_env_alfworld"
-SHARED = "alfworld"
+SUBDIR = "alfworld"
 
 SHA256 = {
     "games_valid_unseen.tar.xz": "952a110a334e0c486da8e9f87f4c3383a59270b7811bf34cdb47a6c46955246b",
@@ -94,7 +93,7 @@ class GameLibrary:
     # -- files -------------------------------------------------------------------------
 
     def locate(self, relpath: str) -> Path:
-        return locate(relpath, package=PACKAGE, shared=SHARED, override=self.data_dir, sha256=SHA256[relpath])
+        return locate(relpath, package=PACKAGE, subdir=SUBDIR, override=self.data_dir, sha256=SHA256[relpath])
 
     def _read_manifest(self) -> dict[str, tuple[str, str]]:
         path = self.locate("games_manifest.tsv")

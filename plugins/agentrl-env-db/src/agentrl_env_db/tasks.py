@@ -22,7 +22,7 @@ from agentrl_core.errors import EnvError
 PACKAGE = "agentrl_env_db"
 MODIFY_TYPES = ("INSERT", "DELETE", "UPDATE")
 
-# sha256 of the shipped files (shared/data/db/PROVENANCE.md lists the same sums).
+# sha256 of the shipped files (data/PROVENANCE.md lists the same sums).
 SHIPPED = {
     "standard.jsonl": "cf8dec6fb8051f46e6171136824aaa8b8707c3affbb3185c0bad2b39bc6b71e2",
     "dev.jsonl": "eb941c58a7a5651357b19e46aa05070f6cd5a7d83ce70cefd24aa3581e1e1130",
@@ -150,7 +150,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 def shipped_path(split: str, data_dir: str | None = None) -> Path:
     name = SPLIT_FILES[split]
-    return locate(name, package=PACKAGE, shared="db", override=data_dir, sha256=SHIPPED[name])
+    return locate(name, package=PACKAGE, subdir="db", override=data_dir, sha256=SHIPPED[name])
 
 
 def load_split(split: str, data_dir: str | None = None) -> list[DBTask]:

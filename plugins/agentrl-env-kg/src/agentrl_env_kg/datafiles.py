@@ -1,4 +1,4 @@
-"""The data files this plugin ships (sha256 as recorded in shared/data/kg/PROVENANCE.md)."""
+"""The data files this plugin ships (sha256 as recorded in data/PROVENANCE.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from agentrl_core.datafiles import locate, verify_sha256
 
 PACKAGE = "agentrl_env_kg"
-SHARED = "kg"
+SUBDIR = "kg"
 
 SHA256 = {
     "agentbench/std.json": "1265d4e35602b126d2bd947fcb1c17722e08ff5076c5282508e3530ede18109c",
@@ -30,7 +30,7 @@ _verified: set[Path] = set()
 
 def data_file(relpath: str, override: str | os.PathLike | None = None) -> Path:
     """Locate a shipped file (config dir, AGENTRL_DATA_DIR, wheel, checkout), sha256-checked once."""
-    path = locate(relpath, package=PACKAGE, shared=SHARED, override=override)
+    path = locate(relpath, package=PACKAGE, subdir=SUBDIR, override=override)
     if path not in _verified:
         verify_sha256(path, SHA256[relpath])
         _verified.add(path)

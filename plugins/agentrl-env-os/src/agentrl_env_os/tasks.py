@@ -92,7 +92,7 @@ SPLITS: dict[str, tuple[SplitSource, ...]] = {
 
 def data_root(override: str | None = None) -> Path:
     """The folder holding ``data/``, ``scripts/`` and ``train_0317/`` (see agentrl_core.datafiles)."""
-    marker = locate("data/dev.json", package=PACKAGE, shared="os", override=override)
+    marker = locate("data/dev.json", package=PACKAGE, subdir="os", override=override)
     return marker.parent.parent
 
 

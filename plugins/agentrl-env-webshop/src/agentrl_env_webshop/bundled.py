@@ -1,6 +1,6 @@
 """Generate the bundled catalog and goals from the real products WebShop agents were shown.
 
-Source: ``reference_runs/std_observed_products.json`` (shared data): 4,332 real listings
+Source: ``reference_runs/std_observed_products.json`` (package data): 4,332 real listings
 (title, price) from WebShop search pages and 415 real item pages (option groups, some
 descriptions and feature bullets). Everything else is derived, deterministically:
 

@@ -1,8 +1,8 @@
 """Where WebShop's data files are found, and their checksums.
 
-Shipped files (in the wheel, or in the checkout's ``shared/data/webshop``) are found by
+Shipped files (the package's ``data/`` folder, see its PROVENANCE.md) are found by
 :func:`agentrl_core.datafiles.locate`: the config's ``data_dir``, ``$AGENTRL_DATA_DIR/webshop``,
-the package's ``data/`` folder, then the checkout. Each is checked against its sha256.
+then the package's ``data/`` folder. Each is checked against its sha256.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from agentrl_core.datafiles import locate, verify_sha256
 
 PACKAGE = "agentrl_env_webshop"
-SHARED = "webshop"
+SUBDIR = "webshop"
 
 SHIPPED_SHA256 = {
     "human_goals.json": "b68746ed66cd31fdc5f70eb3f5831a46b38163563b57a66ddcab8fd60ee0cbdc",
@@ -26,13 +26,13 @@ BUNDLED_DIR = "bundled"
 
 
 def locate_shipped(relpath: str, data_dir: str | os.PathLike | None = None) -> Path:
-    """A shipped shared file (``human_goals.json``, ...), checked against its sha256."""
-    return locate(relpath, package=PACKAGE, shared=SHARED, override=data_dir, sha256=SHIPPED_SHA256[relpath])
+    """A shipped data file (``human_goals.json``, ...), checked against its sha256."""
+    return locate(relpath, package=PACKAGE, subdir=SUBDIR, override=data_dir, sha256=SHIPPED_SHA256[relpath])
 
 
 def bundled_manifest(data_dir: str | os.PathLike | None = None) -> tuple[Path, dict[str, Any]]:
     """The bundled catalog's folder and its manifest."""
-    path = locate(f"{BUNDLED_DIR}/manifest.json", package=PACKAGE, shared=SHARED, override=data_dir)
+    path = locate(f"{BUNDLED_DIR}/manifest.json", package=PACKAGE, subdir=SUBDIR, override=data_dir)
     return path.parent, json.loads(path.read_text(encoding="utf-8"))
 
 
