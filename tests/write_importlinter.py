@@ -1,4 +1,4 @@
-"""Write the import-linter config: core must import no plugin package (DESIGN.md section 2).
+"""Write the import-linter config: core must import no plugin package (docs/architecture.md section 2).
 
 The plugin import names come from plugins/*/src/, so a new plugin is covered automatically.
 """

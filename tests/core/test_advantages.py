@@ -1,4 +1,4 @@
-"""Advantage estimators and normalizers against hand-computed values (DESIGN.md section 6)."""
+"""Advantage estimators and normalizers against hand-computed values (docs/architecture.md section 6)."""
 
 from __future__ import annotations
 

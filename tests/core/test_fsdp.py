@@ -1,4 +1,4 @@
-"""The FSDP2 learner against a plain single-process reference (DESIGN.md section 6).
+"""The FSDP2 learner against a plain single-process reference (docs/architecture.md section 6).
 
 Two ranks over gloo on CPU shard the tiny Qwen2 model, train uneven token-budget
 micro-batches of a step batch, and must produce the loss, the gradients (token-mean and

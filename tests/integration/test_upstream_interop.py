@@ -1,4 +1,4 @@
-"""Wire compatibility with the real upstream packages from PyPI (DESIGN.md section 4).
+"""Wire compatibility with the real upstream packages from PyPI (docs/architecture.md section 4).
 
 * the upstream task worker (agentrl-worker 0.4.0) registers with our controller and serves
   sessions unchanged;

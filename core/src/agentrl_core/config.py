@@ -1,6 +1,6 @@
 """Typed run configuration: YAML -> validated attrs objects, with ``--set`` overrides.
 
-Defaults are the paper's (DESIGN.md section 1). Component sections follow one shape: a
+Defaults are the paper's (docs/architecture.md section 1). Component sections follow one shape: a
 ``name`` chooses the component, and a sub-section named after it configures it, e.g.::
 
     sampler:
@@ -68,7 +68,7 @@ class TaskConfig:
 
 @frozen
 class ControllerConfig:
-    """The environment control plane (DESIGN.md section 4); every duration is in seconds."""
+    """The environment control plane (docs/architecture.md section 4); every duration is in seconds."""
 
     url: str | None = None  # None: start an embedded controller and workers
     host: str = "127.0.0.1"

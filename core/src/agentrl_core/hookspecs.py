@@ -1,4 +1,4 @@
-"""Hook specifications: the extension surface of agentrl (DESIGN.md section 3).
+"""Hook specifications: the extension surface of agentrl (docs/architecture.md section 3).
 
 Every hook takes no arguments and returns an iterable of registration records. Core
 calls them only through :mod:`agentrl_core.registry`. None is ``firstresult``: every

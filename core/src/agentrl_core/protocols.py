@@ -1,4 +1,4 @@
-"""The contracts of DESIGN.md section 3 as typed Protocols.
+"""The contracts of docs/architecture.md section 3 as typed Protocols.
 
 Plugins implement these; core only ever talks to components through them. Environment
 plugins usually subclass :class:`agentrl_core.env.Environment` and

@@ -177,7 +177,7 @@ AGENT_FAILURES = frozenset(
 
 
 def failure_kind(status: Status | str) -> FailureKind:
-    """Classify an episode status by the status table of DESIGN.md section 4."""
+    """Classify an episode status by the status table of docs/architecture.md section 4."""
     status = Status(status)
     if status is Status.COMPLETED or status is Status.RUNNING:
         return FailureKind.NONE
@@ -237,7 +237,7 @@ class TurnRecord:
 
 @frozen
 class Trajectory:
-    """One finished episode as the learner sees it (DESIGN.md section 3).
+    """One finished episode as the learner sees it (docs/architecture.md section 3).
 
     ``input_ids``, ``loss_mask``, ``rollout_logprobs`` and ``versions`` have the same
     length: model tokens carry ``loss_mask=1``, the engine's log-prob and the version of

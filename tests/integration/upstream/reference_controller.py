@@ -4,7 +4,7 @@ It stands in for the AgentRL controller (written in Go, not on PyPI) to check th
 worker speaks the upstream worker protocol. It follows AgentBench's Python
 ``task_controller.py`` (registry by heartbeat, workers keyed by address, least-loaded
 dispatch by free slots, session ids counted from 0) with the AgentRL-FC wire format of
-DESIGN.md section 4: ``session_id`` header, ``env_out`` from the worker's interact, the
+docs/architecture.md section 4: ``session_id`` header, ``env_out`` from the worker's interact, the
 worker's ``metric`` forwarded. Runs in the upstream virtual environment (FastAPI, httpx):
 
     python reference_controller.py PORT

@@ -1,4 +1,4 @@
-"""The environment API for plugins (DESIGN.md sections 3-4).
+"""The environment API for plugins (docs/architecture.md sections 3-4).
 
 Import what you need from here::
 

@@ -1,4 +1,4 @@
-"""Field parsing shared by the task worker and the controller (DESIGN.md section 4).
+"""Field parsing shared by the task worker and the controller (docs/architecture.md section 4).
 
 Everything a peer sends is checked here once, with one-sentence reasons (a 400 each), so
 handlers can trust their inputs. Session ids are non-negative integers, in a JSON body or

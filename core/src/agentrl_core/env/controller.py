@@ -1,4 +1,4 @@
-"""The controller: one HTTP front for every task worker (DESIGN.md section 4).
+"""The controller: one HTTP front for every task worker (docs/architecture.md section 4).
 
 ``agentrl controller --port 5020`` serves the AgentRL / AgentBench-FC controller API under
 ``/api`` (``get_indices``, ``start_sample``, ``interact``, ``cancel``, ``cancel_all``,

@@ -8,7 +8,7 @@ Environments declare tools as OpenAI function schemas::
 
 :func:`first_tool_call` turns an assistant message into one validated :class:`ToolCall` or
 a :class:`BadTurn` that the environment answers with an error observation while the
-episode continues (DESIGN.md section 4).
+episode continues (docs/architecture.md section 4).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Evaluation statistics (DESIGN.md section 7).
+"""Evaluation statistics (docs/architecture.md section 7).
 
 Per task: success rate (reward == 1; WebShop also mean reward) over R repeats as mean ±
 std, pass@k with the unbiased estimator of Chen et al. (2021), the termination-status

@@ -1,6 +1,6 @@
 """``agentrl eval``: repeats over index sets of tasks, with one or several model pools.
 
-Modes (DESIGN.md section 7; the paper's Fig. 8a):
+Modes (docs/architecture.md section 7; the paper's Fig. 8a):
 
 * ``single``: every model is evaluated on its own;
 * ``mix``: whole trajectories per model: repeat r of every sample is played by model

@@ -1,4 +1,4 @@
-"""Ray placement of the learner pool and the engine pools (DESIGN.md section 6).
+"""Ray placement of the learner pool and the engine pools (docs/architecture.md section 6).
 
 One placement group reserves a bundle per learner rank and per engine. Learner ranks are
 Ray actors running the FSDP2 :class:`~agentrl_core.train.learner.Learner`; each engine is

@@ -1,6 +1,6 @@
 """The ``chat`` agent loop: one task episode in, one token-exact Trajectory out.
 
-Per trajectory (DESIGN.md section 5):
+Per trajectory (docs/architecture.md section 5):
 
 1. start a session through the environment client; encode system/user messages and tools
    with the model's chat template (loss_mask 0);

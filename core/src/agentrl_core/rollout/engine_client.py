@@ -274,7 +274,7 @@ class EngineClient:
         return await self._json("POST", "/continue_generation", options)
 
     # ------------------------------------------------------------------------------
-    # Weight updates (DESIGN.md section 5: pause -> all buckets -> continue)
+    # Weight updates (docs/architecture.md section 5: pause -> all buckets -> continue)
 
     async def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
                                         world_size: int, group_name: str = "weight_update_group",

@@ -9,7 +9,7 @@
 * ``error``: ``None``, or one sentence saying which block was malformed and why. A
   malformed block yields no call; the other blocks of the reply still do. The agent
   loop sends the assistant message as parsed, and the environment answers a reply
-  without a usable call with an error observation (DESIGN.md section 4).
+  without a usable call with an error observation (docs/architecture.md section 4).
 
 Call names are not checked against ``tools``: an unknown tool is the environment's to
 answer (it counts it as an invalid turn), so the parser does not hide it.

@@ -1,4 +1,4 @@
-"""Group advantage estimators and the batch-level normalizer pass (DESIGN.md section 6).
+"""Group advantage estimators and the batch-level normalizer pass (docs/architecture.md section 6).
 
 Every estimator is a plain function ``(rewards [B], group_ids, loss_mask [B, L]) ->
 advantages [B, L]``: a scalar per trajectory computed from its group's rewards, broadcast

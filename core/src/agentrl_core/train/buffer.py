@@ -1,4 +1,4 @@
-"""The group-aware rollout buffer (DESIGN.md sections 1 and 6).
+"""The group-aware rollout buffer (docs/architecture.md sections 1 and 6).
 
 Trajectories arrive one by one in any order; a group (the ``n`` samples of one prompt)
 becomes visible to the learner only when all its members are in, so group statistics are

@@ -1,6 +1,6 @@
 """Dual-clip PPO with a k3 KL penalty, aggregated exactly over the step batch.
 
-The formulas are DESIGN.md section 6 (as slime / verl):
+The formulas are docs/architecture.md section 6 (as slime / verl):
 
 * ratio ``r = exp(logp - old_logp)`` where ``old_logp`` are the rollout log-probs;
 * ``L = max(-A*r, -A*clip(r, 1-clip_low, 1+clip_high))``, and for ``A < 0`` only

@@ -11,7 +11,7 @@ One step, read top to bottom in :meth:`Trainer._step`:
 In ``async`` mode the rollout manager keeps generating on its own devices while the
 learner trains (rollout never stops; engines pause only while new weights arrive, and
 aborted turns are regenerated). In ``sync`` mode all devices generate one batch, then
-train, then sync. See DESIGN.md section 6.
+train, then sync. See docs/architecture.md section 6.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``agentrl sft``: supervised cold start on demonstrations, with the same learner as RL.
 
-Demonstrations (DESIGN.md section 3; ``agentrl demos`` writes them from an environment's
+Demonstrations (docs/architecture.md section 3; ``agentrl demos`` writes them from an environment's
 oracle) are encoded exactly as rollouts are (:mod:`agentrl_core.train.sft_data`); the loss
 is the token-mean negative log-likelihood of the assistant tokens (loss_mask 1), computed
 by the FSDP2 :class:`~agentrl_core.train.learner.Learner` at temperature 1, so SFT and RL

@@ -1,6 +1,6 @@
 """Turn message-level demonstrations into token sequences that look exactly like rollouts.
 
-A demonstration (DESIGN.md section 3; written by ``agentrl demos`` from an oracle) is
+A demonstration (docs/architecture.md section 3; written by ``agentrl demos`` from an oracle) is
 encoded the way the agent loop encodes a live episode: the first prompt (loss_mask 0),
 then per assistant turn the template's rendering of the assistant message up to and
 including end-of-turn (loss_mask 1), then the observation tokens of the environment's

@@ -1,4 +1,4 @@
-"""Per-step training metrics from the batch's trajectories (DESIGN.md section 7)."""
+"""Per-step training metrics from the batch's trajectories (docs/architecture.md section 7)."""
 
 from __future__ import annotations
 

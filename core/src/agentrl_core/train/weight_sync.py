@@ -1,4 +1,4 @@
-"""Getting the learner's weights into the rollout engines (DESIGN.md sections 5 and 6).
+"""Getting the learner's weights into the rollout engines (docs/architecture.md sections 5 and 6).
 
 Two transports, both speaking the engine HTTP protocol of ``core/docs/engine.md`` (the
 SGLang native API subset), so they work with our HF engines and with SGLang servers:

@@ -7,7 +7,7 @@ standardize the task's whole advantage rows with that mean and unbiased std::
     A_task = (A_task - mean) / (std + eps)        eps = 1e-6
 
 so that tasks with long trajectories (many tokens) or high reward variance do not drown
-the others. Edge cases (DESIGN.md section 6): a task with fewer than 2 loss tokens is left
+the others. Edge cases (docs/architecture.md section 6): a task with fewer than 2 loss tokens is left
 unchanged; masks are re-applied after; trajectories of zero-advantage groups (every
 member got the same reward) take part and shift like every other token, as upstream,
 unless ``keep_zero: true``, which leaves them at zero and out of the statistics.

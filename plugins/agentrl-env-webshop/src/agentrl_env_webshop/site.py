@@ -9,7 +9,7 @@ Pages: search (instruction and a search box) -> results (10 per page of the top 
 "< Prev"/"Next >") -> item (option groups, "Description", "Features", "Reviews", "Buy Now")
 -> sub-pages. "Back to Search" returns to the search page from anywhere; "< Prev" goes one
 page up. Upstream silently ignores an invalid action; here it gets an error line on top of
-the unchanged page (DESIGN.md section 4), and so does a search on a page without a search
+the unchanged page (docs/architecture.md section 4), and so does a search on a page without a search
 box (upstream would run it; ``search_anywhere: true`` restores that).
 """
 

@@ -78,7 +78,7 @@ class CrossSampler:
         return STALE if turn.rng.random() < c.stale_ratio else CURRENT
 
     def min_staleness_bound(self) -> int:
-        """The smallest admissible staleness bound when this sampler is used (DESIGN.md section 6)."""
+        """The smallest admissible staleness bound when this sampler is used (docs/architecture.md section 6)."""
         return self.config.stale_step + 2
 
     def metrics(self, trajectories: Sequence[Trajectory], global_step: int) -> dict[str, Any]:
