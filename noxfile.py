@@ -5,6 +5,7 @@ runs one. Plugin sessions are discovered from ``plugins/*/pyproject.toml``; a pl
 declare in its pyproject::
 
     [tool.agentrl.nox]
+    session = "vllm"             # session name (default: the folder name without "agentrl-", "_" for "-")
     core_extras = ["train"]      # extras of agentrl-core it needs (default: none, so no torch)
     setup = "tests/ci_setup.sh"  # run (as root in CI) before its tests: install services
     pytest_args = ["-m", "not slow"]
@@ -33,21 +34,21 @@ nox.options.error_on_missing_interpreters = True
 os.environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
 
 
+def _settings(plugin_dir: Path) -> dict:
+    data = tomllib.loads((plugin_dir / "pyproject.toml").read_text())
+    return data.get("tool", {}).get("agentrl", {}).get("nox", {})
+
+
 def _plugins() -> dict[str, Path]:
     found = {}
     for path in sorted((ROOT / "plugins").glob("*/pyproject.toml")):
         dist = path.parent.name  # e.g. agentrl-env-db
-        session = dist.removeprefix("agentrl-").replace("-", "_")  # env_db
+        session = _settings(path.parent).get("session") or dist.removeprefix("agentrl-").replace("-", "_")  # env_db
         found[session] = path.parent
     return found
 
 
 PLUGINS = _plugins()
-
-
-def _settings(plugin_dir: Path) -> dict:
-    data = tomllib.loads((plugin_dir / "pyproject.toml").read_text())
-    return data.get("tool", {}).get("agentrl", {}).get("nox", {})
 
 
 def _install(session: nox.Session, *args: str) -> None:
