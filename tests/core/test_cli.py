@@ -77,3 +77,72 @@ def test_core_install_does_not_pull_torch(tmp_path):
     names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
     assert "agentrl-core" in names and "pluggy" in names
     assert not names & {"torch", "transformers", "ray"}, names
+
+
+def make_dist(root, name, entry_point, module, source):
+    info = root / f"{name.replace('-', '_')}-0.0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.1\n")
+    (info / "entry_points.txt").write_text(f"[agentrl]\n{entry_point} = {module}\n")
+    (root / f"{module}.py").write_text(textwrap.dedent(source))
+    return {"PYTHONPATH": str(root)}
+
+
+def test_wrong_factory_is_one_sentence_naming_plugin_and_entry_point(tmp_path):
+    env = make_dist(tmp_path, "agentrl-env-typo", "env_typo", "typo_plugin", """
+        from agentrl_core import hookimpl
+        from agentrl_core.types import EnvironmentSpec
+
+        @hookimpl
+        def agentrl_environments():
+            yield EnvironmentSpec(name="typo", factory="typo_plugin:TypoEnvironmnet")
+    """)
+    out = agentrl("worker", "--env", "typo", "--controller", "http://127.0.0.1:9/api", env=env)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr  # no traceback
+    message = lines[0]
+    assert message.startswith("agentrl: error: environment 'typo' of plugin 'env_typo' (agentrl-env-typo 0.0.1")
+    assert "entry point 'env_typo = typo_plugin'" in message
+    assert "'typo_plugin:TypoEnvironmnet'" in message and "AttributeError" in message
+    assert "install agentrl-env" not in message
+
+
+def test_plugin_that_fails_to_import_is_named_without_an_install_hint(tmp_path):
+    env = make_dist(tmp_path, "agentrl-env-gone", "env_gone", "gone_plugin", "import not_a_real_module_xyz\n")
+    out = agentrl("worker", "--env", "gone", "--controller", "http://127.0.0.1:9/api", env=env)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    message = out.stderr.strip().splitlines()[-1]  # after the loader's one-line warning
+    assert "unknown environment 'gone'" in message
+    assert "'env_gone' (agentrl-env-gone 0.0.1): ModuleNotFoundError: No module named 'not_a_real_module_xyz'" in message
+    assert "install agentrl-env-gone" not in message  # it is installed: the hint would mislead
+
+
+def test_missing_plugin_hint_says_how_to_install_from_a_checkout():
+    out = agentrl("worker", "--env", "nosuchenv", "--controller", "http://127.0.0.1:9/api")
+    assert out.returncode == 1
+    assert "install agentrl-env-nosuchenv?: from a checkout of agentrl, pip install -c constraints.txt " \
+           "./plugins/agentrl-env-nosuchenv" in out.stderr
+
+
+def test_missing_model_path_is_one_sentence_naming_the_path(tmp_path):
+    config = tmp_path / "run.yaml"
+    missing = tmp_path / "no_such_model"
+    config.write_text(f"model:\n  path: {missing}\ntasks: []\n")
+    for command in (["train", str(config)], ["sft", str(config)], ["engine", "serve", "--model", str(missing)]):
+        out = agentrl(*command)
+        assert out.returncode == 1, (command, out.stderr)
+        assert "Traceback" not in out.stderr
+        line = out.stderr.strip().splitlines()[-1]
+        assert line.startswith("agentrl: error: ") and f"'{missing}' does not exist" in line, (command, line)
+
+
+def test_model_folder_without_config_json_is_named(tmp_path):
+    folder = tmp_path / "empty_model"
+    folder.mkdir()
+    out = agentrl("engine", "serve", "--model", str(folder))
+    assert out.returncode == 1
+    assert out.stderr.strip() == (f"agentrl: error: --model '{folder}' is a folder without config.json, so not a "
+                                  "Hugging Face model folder (`agentrl model init --out DIR` writes one; a "
+                                  "checkpoint's final model is in <run dir>/final)")

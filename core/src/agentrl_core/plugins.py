@@ -40,6 +40,7 @@ class PluginRecord:
     error: str | None = None
     hooks: tuple[str, ...] = ()
     provides: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    entry_point: str = ""  # "name = module" as declared by the distribution; empty for built-ins
 
     @property
     def ok(self) -> bool:
@@ -54,6 +55,7 @@ class PluginRecord:
             "error": self.error,
             "hooks": list(self.hooks),
             "provides": {k: list(v) for k, v in self.provides.items()},
+            "entry_point": self.entry_point,
         }
 
 
@@ -141,24 +143,27 @@ def _load_entry_points(pm: AgentrlPluginManager, environ: Mapping[str, str]) -> 
         seen.add(ep.name)
         dist = ep.dist.name if ep.dist is not None else "<unknown>"
         version = ep.dist.version if ep.dist is not None else "?"
+        declared = f"{ep.name} = {ep.value}"
         if (only and ep.name not in only) or ep.name in disabled:
             why = "not in AGENTRL_PLUGINS" if only and ep.name not in only else "in AGENTRL_DISABLE_PLUGINS"
-            pm.records[ep.name] = PluginRecord(ep.name, dist, version, "disabled", error=why)
+            pm.records[ep.name] = PluginRecord(ep.name, dist, version, "disabled", error=why, entry_point=declared)
             continue
         try:
             plugin = ep.load()
             pm.register(plugin, name=ep.name)
         except Exception as exc:  # a broken plugin must not take the others down
             message = (
-                f"plugin {ep.name!r} from {dist} {version} failed to load with agentrl-core "
-                f"{__version__}: {type(exc).__name__}: {exc}"
+                f"plugin {ep.name!r} from {dist} {version} (entry point {declared!r}) failed to load with "
+                f"agentrl-core {__version__}: {type(exc).__name__}: {exc}"
             )
             if strict:
                 raise PluginError(message + " (AGENTRL_STRICT_PLUGINS is set)") from exc
             log.warning("%s; skipped (set AGENTRL_STRICT_PLUGINS=1 to make this fatal)", message)
-            pm.records[ep.name] = PluginRecord(ep.name, dist, version, "failed", error=f"{type(exc).__name__}: {exc}")
+            pm.records[ep.name] = PluginRecord(
+                ep.name, dist, version, "failed", error=f"{type(exc).__name__}: {exc}", entry_point=declared
+            )
             continue
-        pm.records[ep.name] = PluginRecord(ep.name, dist, version, "ok", hooks=_hook_names(pm, plugin))
+        pm.records[ep.name] = PluginRecord(ep.name, dist, version, "ok", hooks=_hook_names(pm, plugin), entry_point=declared)
 
 
 def list_plugins(pm: AgentrlPluginManager, *, include_core: bool = False) -> list[PluginRecord]:

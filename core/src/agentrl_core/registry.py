@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+from importlib import metadata
 from collections.abc import Callable
 from typing import Any
 
@@ -58,10 +59,38 @@ class Provided:
 
 
 def install_hint(kind: str, name: str) -> str:
+    """`` (install agentrl-env-x?: ...)`` for a component whose plugin is not installed.
+
+    Empty when the kind has no naming convention or the distribution is installed (then the
+    problem is something else: it failed to load, or it provides other names).
+    """
     pattern = KINDS[kind][2]
     if pattern is None:
         return ""
-    return f" (install {pattern.format(name.replace('_', '-'))}?)"
+    dist = pattern.format(name.replace("_", "-"))
+    if _is_installed(dist):
+        return ""
+    return f" (install {dist}?: {INSTALL_HOWTO.format(dist=dist)})"
+
+
+# How to install a plugin while the packages are not on PyPI; the root README says the same.
+INSTALL_HOWTO = "from a checkout of agentrl, pip install -c constraints.txt ./plugins/{dist} (see the README, section Install)"
+
+
+def _is_installed(dist: str) -> bool:
+    try:
+        metadata.distribution(dist)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _failed_plugins_note(pm: AgentrlPluginManager) -> str:
+    failed = [r for r in pm.records.values() if r.status == "failed"]
+    if not failed:
+        return ""
+    which = "; ".join(f"{r.name!r} ({r.distribution} {r.version}): {r.error}" for r in sorted(failed, key=lambda r: r.name))
+    return f" Installed plugins that failed to load (see `agentrl plugins`): {which}."
 
 
 class Registry:
@@ -110,6 +139,10 @@ class Registry:
 
     def spec(self, kind: str, name: str) -> ComponentSpec:
         """The unique record for ``name``, or a :class:`PluginError` that says what to do."""
+        return self.provider(kind, name).spec
+
+    def provider(self, kind: str, name: str) -> Provided:
+        """The record for ``name`` with the plugin that registered it."""
         providers = self._by_kind[kind].get(name)
         if not providers:
             installed = self.names(kind)
@@ -117,7 +150,7 @@ class Registry:
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             raise PluginError(
                 f"unknown {kind.replace('_', ' ')} {name!r}{hint}{install_hint(kind, name)} "
-                f"Installed: {', '.join(installed) or 'none'}."
+                f"Installed: {', '.join(installed) or 'none'}.{_failed_plugins_note(self.pm)}"
             )
         if len(providers) > 1:
             who = ", ".join(f"{p.distribution} {p.version} (plugin {p.plugin!r})" for p in providers)
@@ -125,10 +158,28 @@ class Registry:
                 f"{kind.replace('_', ' ')} {name!r} is provided by several plugins: {who}; "
                 "uninstall one or block it with AGENTRL_DISABLE_PLUGINS."
             )
-        return providers[0].spec
+        return providers[0]
+
+    def _resolve(self, kind: str, name: str, field: str) -> Any:
+        """Import the ``factory`` or ``config_schema`` reference of ``name``, failing in one sentence."""
+        provided = self.provider(kind, name)
+        spec = provided.spec
+        try:
+            return spec.load_factory() if field == "factory" else spec.load_config_schema()
+        except PluginError:
+            raise
+        except Exception as exc:  # an import error, a missing attribute, or the module raising
+            record = self.pm.records.get(provided.plugin)
+            entry = f", entry point {record.entry_point!r}" if record is not None and record.entry_point else ""
+            raise PluginError(
+                f"{kind.replace('_', ' ')} {name!r} of plugin {provided.plugin!r} ({provided.distribution} "
+                f"{provided.version}{entry}) cannot be loaded: its {field} {getattr(spec, field)!r} failed with "
+                f"{type(exc).__name__}: {exc}. The plugin's registration is wrong or its package is "
+                "incomplete: fix or reinstall it (agentrl -v shows the traceback)."
+            ) from exc
 
     def config_schema(self, kind: str, name: str) -> type | None:
-        return self.spec(kind, name).load_config_schema()
+        return self._resolve(kind, name, "config_schema")
 
     def build(self, kind: str, name: str, config: Any = None, **kwargs: Any) -> Any:
         """Instantiate a component: ``factory(config, **kwargs)``.
@@ -136,9 +187,8 @@ class Registry:
         ``config`` may be ``None`` (schema defaults are used), a mapping (validated by the
         schema) or an instance of the schema.
         """
-        spec = self.spec(kind, name)
         config = self.make_config(kind, name, config)
-        factory: Callable[..., Any] = spec.load_factory()
+        factory: Callable[..., Any] = self._resolve(kind, name, "factory")
         return factory(config, **kwargs)
 
     def make_config(self, kind: str, name: str, config: Any = None) -> Any:

@@ -25,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
 
     from agentrl_core.config import load_config
     from agentrl_core.errors import ConfigError
+    from agentrl_core.modelpath import check_model_path
     from agentrl_core.eval.session import Evaluation
     from agentrl_core.registry import Registry
 
@@ -38,5 +39,10 @@ def run(args: argparse.Namespace) -> int:
                   "api_key": args.api_key or os.environ.get("OPENAI_API_KEY")}
     else:
         openai = None
+        if not config.eval.models:
+            check_model_path(config.model.path)
+        for name, model in config.eval.models.items():
+            if model.path and not model.urls:
+                check_model_path(model.path, key=f"eval.models.{name}.path")
     Evaluation(config, registry=registry, out_dir=out, openai=openai).run()
     return 0

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 
 from agentrl_core._version import __version__
 from agentrl_core.errors import AgentrlError
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except AgentrlError as exc:
+        if args.verbose:
+            traceback.print_exc()
         print(f"agentrl: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

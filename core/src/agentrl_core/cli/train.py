@@ -17,6 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from agentrl_core.config import load_config
+    from agentrl_core.modelpath import check_model_path
     from agentrl_core.registry import Registry
     from agentrl_core.train.pipeline import Trainer
 
@@ -25,5 +26,6 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"launch.address={args.address}")
     registry = Registry()
     config = load_config(args.config, overrides, registry=registry)
+    check_model_path(config.model.path)
     summary = Trainer(config, resume=args.resume, registry=registry).run()
     return 130 if summary.get("interrupted") else 0  # stopped early by SIGINT/SIGTERM, state saved
