@@ -145,4 +145,4 @@ def test_model_folder_without_config_json_is_named(tmp_path):
     assert out.returncode == 1
     assert out.stderr.strip() == (f"agentrl: error: --model '{folder}' is a folder without config.json, so not a "
                                   "Hugging Face model folder (`agentrl model init --out DIR` writes one; a "
-                                  "checkpoint's final model is in <run dir>/final)")
+                                  "checkpoint's final model is in <run dir>/final_model)")

@@ -31,7 +31,7 @@ def check_model_path(path: str | None, *, key: str = "model.path") -> None:
         if not (folder / "config.json").is_file():
             raise ConfigError(f"{key} {str(folder)!r} is a folder without config.json, so not a Hugging Face model "
                               "folder (`agentrl model init --out DIR` writes one; a checkpoint's final model is in "
-                              "<run dir>/final)")
+                              "<run dir>/final_model)")
         return
     if folder.exists():
         raise ConfigError(f"{key} {str(folder)!r} is a file; it must be a Hugging Face model folder")
