@@ -1,4 +1,4 @@
-"""Test sessions: core alone, each plugin alone with core, integration, lint.
+"""Test sessions: core alone, each plugin alone with core, integration, lint, standalone.
 
 ``nox`` runs every default session (what CI runs); ``nox -l`` lists them; ``nox -s env_db``
 runs one. Plugin sessions are discovered from ``plugins/*/pyproject.toml``; a plugin can
@@ -126,6 +126,46 @@ def lint(session: nox.Session) -> None:
     session.run("python", str(ROOT / "tests" / "write_importlinter.py"), str(ROOT / ".importlinter.generated"))
     _install(session, "-e", str(ROOT / "core"), *[x for d in PLUGINS.values() for x in ("--no-deps", "-e", str(d))])
     session.run("lint-imports", str(ROOT / ".importlinter.generated"))
+
+
+@nox.session
+def standalone(session: nox.Session) -> None:
+    """A bare copy of HEAD (``git archive``, no sibling folders) builds, installs and runs.
+
+    Builds the sdist and, from it, the wheel of every package; installs core and every plugin
+    from those wheels into this fresh venv; then checks ``agentrl plugins`` and the
+    environments with their packaged data, from a folder outside any checkout.
+    """
+    import shutil
+    import subprocess
+    import tarfile
+    import tempfile
+
+    _install(session, "build>=1.2")
+    work = Path(tempfile.mkdtemp(prefix="agentrl-standalone-"))
+    try:
+        archive = work / "head.tar"
+        with open(archive, "wb") as out:
+            subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", "HEAD"], stdout=out, check=True)
+        source = work / "agentrl"
+        with tarfile.open(archive) as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(source, filter="data")
+            else:  # pragma: no cover - Python without extraction filters; our own archive
+                tar.extractall(source)
+        dist = work / "dist"
+        packages = [source / "core"] + sorted(p.parent for p in (source / "plugins").glob("*/pyproject.toml"))
+        for package in packages:  # sdist first, then the wheel from that sdist (python -m build's default)
+            session.run("python", "-m", "build", "--outdir", str(dist), str(package), silent=True)
+        wheels = sorted(str(w) for w in dist.glob("*.whl"))
+        sdists = sorted(dist.glob("*.tar.gz"))
+        if len(wheels) != len(packages) or len(sdists) != len(packages):
+            session.error(f"expected a wheel and an sdist for each of {len(packages)} packages, got {wheels} {sdists}")
+        _install(session, *wheels)
+        session.chdir(work)  # no checkout on sys.path or in the working directory
+        session.run("python", str(source / "tests" / "standalone_check.py"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @nox.session(default=False)
