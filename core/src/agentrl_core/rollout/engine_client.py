@@ -1,9 +1,10 @@
 """One async client for every engine (our HF server and SGLang): generate, health, weight updates.
 
 * :class:`EngineClient` talks to one engine over a shared, pooled ``httpx.AsyncClient``.
-  Every call has a timeout. A call is retried **only** when the connection could not be
-  made (the request never left this process); after a connection was made it is never
-  retried, since the engine may have processed it.
+  Every call has a whole-operation deadline (connection retries, sending, waiting and
+  reading together; ``httpx``'s own timeouts only bound each read). A call is retried
+  **only** when the connection could not be made (the request never left this process);
+  after a connection was made it is never retried, since the engine may have processed it.
 * :class:`EnginePool` routes ``generate`` calls over the engines of one named pool: a
   trajectory ``key`` sticks to the engine that served its first turn (that engine holds its
   prefix in cache), new keys go to the engine with the fewest requests in flight, and an
@@ -32,7 +33,14 @@ from agentrl_core.errors import AgentrlError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EngineError", "EngineUnavailable", "GenerateResult", "EngineClient", "EnginePool", "make_http_client"]
+__all__ = ["EngineError", "EngineUnavailable", "EngineTimeout", "GenerateResult", "EngineClient", "EnginePool",
+           "make_http_client", "DEFAULT_TIMEOUT", "DEFAULT_HEALTH_TIMEOUT"]
+
+DEFAULT_TIMEOUT = 900.0  # seconds one engine call may take in all (a long generation included)
+# SGLang's /health generates one token and waits up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s) for it;
+# a client that gives up earlier calls a busy or paused engine dead
+DEFAULT_HEALTH_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 10.0
 
 
 class EngineError(AgentrlError):
@@ -46,6 +54,10 @@ class EngineError(AgentrlError):
 
 class EngineUnavailable(EngineError):
     """No connection could be made to the engine (the request was never sent)."""
+
+
+class EngineTimeout(EngineError):
+    """The engine did not finish a call within its deadline (it may still be working on it)."""
 
 
 def normalize_version(value: Any) -> int | str:
@@ -93,6 +105,10 @@ class GenerateResult:
         ids = data.get("output_ids")
         if ids is None and pairs is not None:
             ids = [int(p[1]) for p in pairs]
+        if ids is None and kind == "abort":
+            # SGLang answers a request aborted in its waiting queue with text and meta_info only
+            # ("Abort before prefill"): nothing was generated, the caller sends it again
+            ids = []
         if ids is None:
             raise EngineError(f"{engine}: the /generate answer has no output_ids", url=engine)
         ids = [int(i) for i in ids]
@@ -116,7 +132,7 @@ class GenerateResult:
         )
 
 
-def make_http_client(*, timeout: float = 900.0, connect_timeout: float = 10.0,
+def make_http_client(*, timeout: float = DEFAULT_TIMEOUT, connect_timeout: float = CONNECT_TIMEOUT,
                      max_connections: int = 4096) -> httpx.AsyncClient:
     """The pooled HTTP client engines share (one per process is enough)."""
     return httpx.AsyncClient(
@@ -131,16 +147,22 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.
 
 
 class EngineClient:
-    """One engine's HTTP API. ``http`` is shared between clients; the owner of ``http`` closes it."""
+    """One engine's HTTP API. ``http`` is shared between clients; the owner of ``http`` closes it.
+
+    ``timeout`` is the whole-operation deadline of every call (``DEFAULT_TIMEOUT``, 900 s);
+    ``health_timeout`` that of ``/health`` (30 s, above SGLang's own 20 s wait).
+    """
 
     def __init__(self, url: str, *, http: httpx.AsyncClient | None = None, connect_retries: int = 3,
-                 retry_backoff: float = 0.5, timeout: float | None = None) -> None:
+                 retry_backoff: float = 0.5, timeout: float | None = None,
+                 health_timeout: float = DEFAULT_HEALTH_TIMEOUT) -> None:
         self.url = url.rstrip("/")
         self._own_http = http is None
         self.http = http or make_http_client()
         self.connect_retries = connect_retries
         self.retry_backoff = retry_backoff
         self.timeout = timeout
+        self.health_timeout = health_timeout
 
     async def aclose(self) -> None:
         if self._own_http:
@@ -156,13 +178,21 @@ class EngineClient:
 
     async def request(self, method: str, path: str, payload: Any = None, *, timeout: float | None = None,
                       ok: Sequence[int] = (200,)) -> httpx.Response:
-        """Send one request; retried only while no connection could be made."""
+        """Send one request within ``timeout`` seconds in all; retried only while no connection could be made."""
+        deadline = timeout if timeout is not None else self.timeout if self.timeout is not None else DEFAULT_TIMEOUT
+        try:
+            with anyio.fail_after(deadline):
+                return await self._request(method, path, payload, deadline, ok)
+        except TimeoutError:
+            raise EngineTimeout(f"{method} {self.url}{path} did not finish within {deadline:g} s; the engine may "
+                                "still be working on it", url=self.url) from None
+
+    async def _request(self, method: str, path: str, payload: Any, timeout: float,
+                       ok: Sequence[int]) -> httpx.Response:
         url = self.url + path
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"timeout": httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT))}
         if payload is not None:
             kwargs["json"] = payload
-        if timeout is not None or self.timeout is not None:
-            kwargs["timeout"] = timeout if timeout is not None else self.timeout
         attempt = 0
         while True:
             try:
@@ -175,8 +205,8 @@ class EngineClient:
                                             f"{exc or 'no answer'}); is it running?", url=self.url) from None
                 await anyio.sleep(self.retry_backoff * 2 ** (attempt - 1))
             except httpx.TimeoutException as exc:
-                raise EngineError(f"{method} {url} timed out ({type(exc).__name__}); the engine may still be "
-                                  "working on it", url=self.url) from None
+                raise EngineTimeout(f"{method} {url} timed out ({type(exc).__name__}); the engine may still be "
+                                    "working on it", url=self.url) from None
             except httpx.HTTPError as exc:
                 raise EngineError(f"{method} {url} failed after the request was sent ({type(exc).__name__}: {exc})",
                                   url=self.url) from None
@@ -219,8 +249,8 @@ class EngineClient:
         start = time.monotonic()
         try:
             data = await self._json("POST", "/generate", payload)
-        except anyio.get_cancelled_exc_class():
-            # the caller gave up (e.g. its trajectory was cancelled): free the engine's slot too
+        except (anyio.get_cancelled_exc_class(), EngineTimeout):
+            # the caller gave up (its trajectory was cancelled) or the deadline passed: free the slot too
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 try:
                     await self.http.post(self.url + "/abort_request", json={"rid": rid}, timeout=5)
@@ -242,10 +272,27 @@ class EngineClient:
     # ------------------------------------------------------------------------------
     # State
 
-    async def health(self, timeout: float = 5.0) -> bool:
+    async def health(self, timeout: float | None = None) -> bool:
+        """``/health`` answered 200 within ``timeout`` (default ``health_timeout``).
+
+        SGLang's ``/health`` generates a token, so it waits while generation is paused and
+        answers 503 after its own 20 s; use :meth:`alive` for an engine paused on purpose.
+        """
+        timeout = self.health_timeout if timeout is None else timeout
         try:
-            response = await self.http.get(self.url + "/health", timeout=timeout)
-        except httpx.HTTPError:
+            with anyio.fail_after(timeout):
+                response = await self.http.get(self.url + "/health", timeout=timeout)
+        except (httpx.HTTPError, TimeoutError):
+            return False
+        return response.status_code == 200
+
+    async def alive(self, timeout: float | None = None) -> bool:
+        """The server answers ``/get_model_info`` (it does not generate: true while paused too)."""
+        timeout = self.health_timeout if timeout is None else timeout
+        try:
+            with anyio.fail_after(timeout):
+                response = await self.http.get(self.url + "/get_model_info", timeout=timeout)
+        except (httpx.HTTPError, TimeoutError):
             return False
         return response.status_code == 200
 
@@ -322,14 +369,15 @@ class EnginePool:
     """The engines of one named pool, with sticky least-loaded routing of ``generate``."""
 
     def __init__(self, name: str, urls: Sequence[str], *, http: httpx.AsyncClient | None = None,
-                 connect_retries: int = 3, down_seconds: float = 10.0, max_sticky_keys: int = 100_000) -> None:
+                 connect_retries: int = 3, down_seconds: float = 10.0, max_sticky_keys: int = 100_000,
+                 timeout: float | None = None, health_timeout: float = DEFAULT_HEALTH_TIMEOUT) -> None:
         if not urls:
             raise ValueError(f"engine pool {name!r} needs at least one engine URL")
         self.name = name
         self._own_http = http is None
         self.http = http or make_http_client()
-        self.engines = {url.rstrip("/"): EngineClient(url, http=self.http, connect_retries=connect_retries)
-                        for url in urls}
+        self._client_options = {"connect_retries": connect_retries, "timeout": timeout, "health_timeout": health_timeout}
+        self.engines = {url.rstrip("/"): EngineClient(url, http=self.http, **self._client_options) for url in urls}
         self.urls = list(self.engines)
         self.in_flight: dict[str, int] = dict.fromkeys(self.urls, 0)
         self.down_seconds = down_seconds
@@ -374,15 +422,19 @@ class EnginePool:
         return url
 
     def replace_engine(self, old: str, new: str) -> None:
-        """Swap a dead engine for its replacement (trajectories stuck to it move on their next turn)."""
+        """Swap a dead engine for its replacement (trajectories stuck to it move on their next turn).
+
+        Requests still in flight on the old engine finish (or fail) on their own; they no
+        longer count towards any engine's load.
+        """
         old, new = old.rstrip("/"), new.rstrip("/")
         if old not in self.engines:
             raise ValueError(f"pool {self.name!r} has no engine {old}")
-        connect_retries = self.engines[old].connect_retries
         del self.engines[old]
-        self.engines[new] = EngineClient(new, http=self.http, connect_retries=connect_retries)
+        self.engines[new] = EngineClient(new, http=self.http, **self._client_options)
         self.urls = [new if u == old else u for u in self.urls]
-        self.in_flight[new] = self.in_flight.pop(old, 0)
+        self.in_flight.pop(old, None)
+        self.in_flight[new] = 0
         self._down_until.pop(old, None)
         for key in [k for k, u in self._sticky.items() if u == old]:
             del self._sticky[key]
@@ -397,10 +449,10 @@ class EnginePool:
         tried: list[str] = []
         while True:
             url = self.pick(key, avoid=tried)
+            engine = self.engines[url]
             self.in_flight[url] += 1
             try:
-                return await self.engines[url].generate(input_ids, sampling_params, return_logprob=return_logprob,
-                                                        pool=self.name)
+                return await engine.generate(input_ids, sampling_params, return_logprob=return_logprob, pool=self.name)
             except EngineUnavailable:
                 self._down_until[url] = time.monotonic() + self.down_seconds
                 tried.append(url)
@@ -410,7 +462,8 @@ class EnginePool:
                     raise
                 log.warning("pool %s: engine %s is unreachable; sending to another engine", self.name, url)
             finally:
-                self.in_flight[url] -= 1
+                if self.engines.get(url) is engine:  # not replaced meanwhile (a new engine may reuse the URL)
+                    self.in_flight[url] -= 1
 
     # ------------------------------------------------------------------------------
     # Pool-wide calls (concurrently on every engine)
@@ -428,6 +481,9 @@ class EnginePool:
 
     async def health(self) -> dict[str, bool]:
         return await self._each("health")
+
+    async def alive(self) -> dict[str, bool]:
+        return await self._each("alive")
 
     async def wait_healthy(self, timeout: float) -> None:
         await self._each("wait_healthy", timeout)
