@@ -29,7 +29,7 @@ _verified: set[Path] = set()
 
 
 def data_file(relpath: str, override: str | os.PathLike | None = None) -> Path:
-    """Locate a shipped file (config dir, AGENTRL_DATA_DIR, wheel, checkout), sha256-checked once."""
+    """Locate a shipped file (config dir, AGENTRL_DATA_DIR, package data), sha256-checked once."""
     path = locate(relpath, package=PACKAGE, subdir=SUBDIR, override=override)
     if path not in _verified:
         verify_sha256(path, SHA256[relpath])

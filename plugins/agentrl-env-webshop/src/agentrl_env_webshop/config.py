@@ -24,7 +24,7 @@ class WebShopConfig:
     human_instructions_path: str | None = None  # items_human_ins.json
     num_products: int | None = field(default=None, validator=in_range(1))  # upstream's num_products: first N items
     goal_source: Literal["human", "synthetic"] = "human"
-    # Where bundled and shipped data files are looked for first (else AGENTRL_DATA_DIR, the wheel, the checkout).
+    # Where bundled and shipped data files are looked for first (else AGENTRL_DATA_DIR, then the package data).
     data_dir: str | None = None
     # BM25 index cache; default $AGENTRL_CACHE_DIR/webshop or ~/.cache/agentrl/webshop. "" disables the cache.
     index_cache_dir: str | None = None
