@@ -298,3 +298,31 @@ def test_full_workers_are_waited_for_not_failed(tokenizer, parser):
     loop.settings = LoopSettings(start_wait=1.0)
     traj = anyio.run(loop.run, REQUEST)
     assert traj.failure.value == "infra" and "full" in traj.metrics["infra_error"]
+
+
+def test_a_template_that_fails_still_ends_the_session(tokenizer, parser):
+    # the chat template raises before the first turn (a tool schema it cannot render, a broken
+    # template): the session was already started on a worker and must not be left open there
+    broken = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    broken.chat_template = "{{ raise_exception('this template cannot render tools') }}"
+    env = SumEnv()
+    loop = make_loop(broken, parser, ScriptedPool([]), env)
+    with pytest.raises(Exception, match="cannot render tools"):
+        anyio.run(loop.run, REQUEST)
+    assert env.closed == 1
+
+
+def test_sampling_settings_reach_the_engine(tokenizer, parser):
+    from agentrl_core.config import RolloutConfig
+
+    class Recording(ScriptedPool):
+        async def generate(self, key, input_ids, params):
+            self.params = dict(params)
+            return await super().generate(key, input_ids, params)
+
+    settings = LoopSettings.from_rollout_config(RolloutConfig(temperature=0.7, top_p=0.9, top_k=20))
+    pool = Recording([(encode_reply(tokenizer, canonical_call("answer", {"value": 5})), "stop", 0)])
+    loop = ChatAgentLoop(tokenizer=tokenizer, env_client=LocalEnvClient({"sum-test": (SumEnv(), "test")}),
+                         pools={"current": pool}, sampler=CurrentSampler(), tool_parser=parser, settings=settings)
+    anyio.run(loop.run, REQUEST)
+    assert (pool.params["temperature"], pool.params["top_p"], pool.params["top_k"]) == (0.7, 0.9, 20)

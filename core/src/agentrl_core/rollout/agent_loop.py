@@ -85,6 +85,8 @@ class LoopSettings:
     max_total_len: int = 8192
     max_new_tokens: int = 1024
     temperature: float = 0.8
+    top_p: float = 1.0
+    top_k: int = -1
     incomplete_punishment: float = -0.2
     max_abort_retries: int = 100
     start_wait: float = 600.0  # seconds an episode waits for a free worker slot
@@ -98,6 +100,8 @@ class LoopSettings:
             max_total_len=rollout.max_total_len,
             max_new_tokens=rollout.max_new_tokens,
             temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
             incomplete_punishment=rollout.incomplete_punishment,
             **overrides,
         )
@@ -155,10 +159,12 @@ class ChatAgentLoop:
                 state.finish(Status.UNKNOWN, 0.0, {"infra_error": f"start: {exc}"})
                 return self._trajectory(state)
             session_id = started.session_id
+            state.session_open = True  # from here on the session is ours to end, whatever fails next
             if getattr(started, "finish", False):  # the sample could not be set up (or ended at once)
                 state.finish(Status(started.status), float(getattr(started, "reward", 0.0) or 0.0),
                              {"infra_error": f"start: the session ended with {Status(started.status).value!r}"}
                              if failure_kind(started.status) is FailureKind.INFRA else {})
+                state.session_open = False  # it ended on the worker already
                 return self._trajectory(state)
             await self._play(state, started, session_id)
         except InfraFailure as exc:
@@ -201,7 +207,6 @@ class ChatAgentLoop:
         if rewrites:
             state.metrics["template_rewrites_history"] = 1
         state.messages.extend(started.messages)
-        state.session_open = True
         state.append(encoder.encode_prompt(started.messages), mask=0)
         state.prompt_length = len(state.ids)
         for turn in range(s.max_turns):
@@ -249,8 +254,8 @@ class ChatAgentLoop:
             raise InfraFailure(f"the sampler chose pool {pool_name!r}, which does not exist")
         params = {
             "temperature": self.settings.temperature,
-            "top_p": 1.0,
-            "top_k": -1,
+            "top_p": self.settings.top_p,
+            "top_k": self.settings.top_k,
             "max_new_tokens": max_new,
             "stop_token_ids": encoder.stop_token_ids,
         }
