@@ -14,8 +14,9 @@ import pytest
 from agentrl_core.config import ControllerConfig
 from agentrl_core.env import Environment, Status, Step, ToolSession, assistant_tool_call, function_tool, tool_result
 from agentrl_core.env._harness import local_control_plane
+from agentrl_core.env._http import HTTPError
 from agentrl_core.env._openapi import controller_openapi
-from agentrl_core.env.client import ControllerClient, NoCapacity, SessionConflict, UnknownSession
+from agentrl_core.env.client import ControllerClient, NoCapacity, RequestRejected, SessionConflict, UnknownSession
 
 pytestmark = pytest.mark.anyio
 
@@ -408,3 +409,38 @@ async def test_sessions_start_during_a_slow_reconciliation_and_survive_it():
                 release.set()
             result = await client.interact(started.session_id, ping(8))  # not judged lost by the older list
             assert result.status is Status.RUNNING and result.messages[0]["content"] == "pong 8"
+
+
+async def test_upstream_workers_no_such_session_is_a_lost_session():
+    # agentrl-worker 0.4.0 answers 400 {"detail": "No such session"} (not 404) when it lost a
+    # session, e.g. after a restart; that is an infrastructure failure, not a bad request
+    async with local_control_plane(fast_config()) as plane:
+        worker = await plane.add_worker(EchoEnv(), "std")
+        async with ControllerClient(plane.url) as client:
+            started = await client.start("echo-std", 0)
+
+            async def upstream_lost(request):
+                raise HTTPError(400, "No such session")
+
+            worker.app.routes[("POST", "/api/interact")] = upstream_lost
+            result = await client.interact(started.session_id, ping())
+            assert result.status is Status.TASK_ERROR and "no longer has session" in result.metrics["error"]
+
+
+async def test_a_custom_task_at_index_minus_one_reaches_the_worker():
+    async with local_control_plane(fast_config()) as plane:
+        worker = await plane.add_worker(EchoEnv(), "std")
+        start_sample = worker.app.routes[("POST", "/api/start_sample")]
+        seen = []
+
+        async def recording(request):
+            seen.append(request.json_object())
+            return await start_sample(request)
+
+        worker.app.routes[("POST", "/api/start_sample")] = recording
+        async with ControllerClient(plane.url) as client:
+            with pytest.raises(RequestRejected, match="does not support custom tasks"):  # our worker's answer
+                await client.start("echo-std", -1, custom_task={"question": "1 + 1"})
+            with pytest.raises(RequestRejected, match="is not an index"):  # -1 without a custom task is checked
+                await client.start("echo-std", -1)
+        assert [(b["index"], b["custom_task"]) for b in seen] == [(-1, {"question": "1 + 1"})]

@@ -89,10 +89,12 @@ class Controller:
             raise HTTPError(400, "start_sample needs a task name in the field 'name'")
         task = self._task(name)
         raw_index = _wire.parse_index(body.get("index"))
-        index = task.indices.normalize(raw_index)
         custom_task = body.get("custom_task")
         if custom_task is not None and not isinstance(custom_task, dict):
             raise HTTPError(400, "custom_task must be an object")
+        # upstream's convention: index -1 with a custom_task asks the worker for a task it is given,
+        # whether or not the worker lists -1 among its indices; the worker decides
+        index = -1 if custom_task is not None and raw_index == -1 else task.indices.normalize(raw_index)
         if index is None:
             raise HTTPError(400, f"index {raw_index!r} is not an index of task {name!r} ({len(task.indices)} indices)")
         tried: set[int] = set()
@@ -162,7 +164,7 @@ class Controller:
             session.busy = False
             session.last_update = time.monotonic()
         if response.status != 200:
-            if response.status == 404:  # the worker lost it (restarted): an infrastructure failure
+            if _lost_on_worker(response):  # the worker lost it (restarted): an infrastructure failure
                 return self._interact_failed(session, f"the worker no longer has session {sid}")
             if 400 <= response.status < 500:
                 raise HTTPError(response.status, response.detail())
@@ -382,6 +384,13 @@ def _required_name(request: Request) -> str:
     if not name:
         raise HTTPError(400, "pass the task name as the query parameter name=<task>")
     return name
+
+
+def _lost_on_worker(response: Any) -> bool:
+    """The worker does not hold the session: our worker's 404, upstream agentrl-worker's 400 "No such session"."""
+    if response.status == 404:
+        return True
+    return response.status == 400 and response.detail().strip().rstrip(".").lower() == "no such session"
 
 
 def _parse_out(response: Any) -> dict[str, Any] | None:
