@@ -11,7 +11,12 @@ import anyio
 import pytest
 
 from agentrl_core.train.buffer import GroupBuffer
-from agentrl_core.train.rollout_manager import RolloutManager, warmup_minimum
+from agentrl_core.train.rollout_manager import (
+    RolloutCircuitOpen,
+    RolloutManager,
+    default_max_consecutive_drops,
+    warmup_minimum,
+)
 from agentrl_core.train.task_stream import StreamTask, TaskStream
 from agentrl_core.types import Trajectory, failure_kind, training_reward
 
@@ -49,12 +54,13 @@ class FakeLoop:
             self.running -= 1
 
 
-def make(loop, *, n=4, concurrency=8, batch_groups=2, max_size=64, retries=2, bound=None, step=lambda: 0):
+def make(loop, *, n=4, concurrency=8, batch_groups=2, max_size=64, retries=2, bound=None, step=lambda: 0,
+         max_drops=None):
     stream = TaskStream([StreamTask("t", "env", "s", tuple(range(100)))], n_samples=n, seed=0)
     buffer = GroupBuffer(n, max_size, max_infra_retries=retries)
     return RolloutManager(agent_loop=loop, buffer=buffer, stream=stream, concurrency=concurrency,
                           batch_groups=batch_groups, staleness_bound=bound, learner_step=step,
-                          retry_backoff=0.01), buffer, stream
+                          retry_backoff=0.01, max_consecutive_drops=max_drops), buffer, stream
 
 
 def test_run_groups_fills_the_buffer():
@@ -135,3 +141,49 @@ def test_staleness_bound_pauses_new_groups():
 @pytest.mark.parametrize(("batch", "factor", "n", "expected"), [(256 * 8, 1.7, 8, 3488), (16, 1.7, 4, 28), (8, 1.0, 8, 8)])
 def test_warmup_minimum(batch, factor, n, expected):
     assert warmup_minimum(batch, factor, n) == expected
+
+
+def test_dropped_groups_give_their_place_under_the_staleness_bound_back():
+    # bound 0, batches of 2 groups: only 2 groups may start at version 0. The first is dropped,
+    # so a third must start, or the first batch can never fill (the learner waits forever)
+    loop = FakeLoop(lambda r: "task error" if r.group_id.startswith("00000000") else "completed")
+    manager, buffer, _ = make(loop, n=2, batch_groups=2, bound=0, retries=0, max_size=1000)
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(manager.run_forever)
+            with anyio.fail_after(10):  # the guard of this test: a deadlock would wait forever
+                batch = await buffer.get(4)
+            tg.cancel_scope.cancel()
+        return batch
+
+    batch = anyio.run(main)
+    assert sorted({t.group_id[:8] for t in batch}) == ["00000001", "00000002"]
+    assert manager.groups_dropped == 1 and manager.groups_started == 3
+
+
+def test_the_circuit_opens_after_too_many_dropped_groups_in_a_row():
+    loop = FakeLoop(lambda r: "task error")  # every episode: the environment is broken
+    manager, buffer, _ = make(loop, n=2, retries=1, concurrency=2, max_drops=3)
+    with pytest.raises(RolloutCircuitOpen, match=r"3 groups in a row were dropped .*\(the last: task error\)") as info:
+        anyio.run(manager.run_groups, 10)  # sync mode: one batch after another would loop forever
+    assert "rollout.max_consecutive_dropped_groups" in str(info.value)
+
+    manager, buffer, _ = make(FakeLoop(lambda r: "task error"), n=2, retries=0, max_drops=4)
+
+    async def forever():
+        with anyio.fail_after(10):  # the guard of this test: async mode would issue groups forever
+            await manager.run_forever()
+
+    with pytest.raises(RolloutCircuitOpen):
+        anyio.run(forever)
+    assert manager.drops_in_a_row >= 4
+
+
+def test_a_kept_group_resets_the_count_of_drops_in_a_row():
+    # every other group fails: never 2 in a row, so the circuit stays closed
+    loop = FakeLoop(lambda r: "task error" if int(r.group_id[:8]) % 2 == 0 else "completed")
+    manager, buffer, _ = make(loop, n=2, retries=0, concurrency=2, max_drops=2)
+    anyio.run(manager.run_groups, 8)
+    assert manager.groups_dropped == 4 and buffer.stats().ready_groups == 4
+    assert default_max_consecutive_drops(256, 2048, 8) == 512 and default_max_consecutive_drops(2, 16, 2) == 16

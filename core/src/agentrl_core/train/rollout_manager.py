@@ -5,7 +5,11 @@ buffer's admission (back-pressure) and, when a staleness bound is set, for the l
 catch up; it then runs the group's ``n`` samples concurrently under a global concurrency
 limit and files each finished trajectory. Infrastructure failures are re-run as the
 buffer says (``RETRY``) or end the group (``GROUP_DROPPED``), which is then marked done in
-the stream and counted; a failure never hangs the buffer.
+the stream and counted; a failure never hangs the buffer. A dropped group gives its place
+under the staleness bound back (it never reaches the learner). When
+``max_consecutive_drops`` groups in a row are dropped, the manager raises
+:class:`RolloutCircuitOpen` instead of generating forever against a broken environment or
+engine.
 
 ``async`` mode runs :meth:`run_forever` beside the learner. ``sync`` mode calls
 :meth:`run_groups` with exactly one batch of groups, then trains.
@@ -21,11 +25,21 @@ from typing import Any
 
 import anyio
 
+from agentrl_core.errors import AgentrlError
 from agentrl_core.rollout.agent_loop import RolloutRequest
 from agentrl_core.train.buffer import AddResult, BufferClosed, GroupBuffer
 from agentrl_core.train.task_stream import GroupTask, TaskStream
 
 log = logging.getLogger(__name__)
+
+
+class RolloutCircuitOpen(AgentrlError):
+    """Too many groups in a row were dropped after infrastructure failures: stop the run."""
+
+
+def default_max_consecutive_drops(batch_groups: int, concurrency: int, n_samples: int) -> int:
+    """Twice the larger of a batch and the groups kept in flight (one outage drops all of those), at least 8."""
+    return max(8, 2 * max(batch_groups, math.ceil(concurrency / n_samples)))
 
 
 class RolloutManager:
@@ -40,6 +54,7 @@ class RolloutManager:
         staleness_bound: int | None = None,
         learner_step: Callable[[], int] = lambda: 0,
         retry_backoff: float = 1.0,
+        max_consecutive_drops: int | None = None,
     ) -> None:
         self.agent_loop = agent_loop
         self.buffer = buffer
@@ -58,11 +73,18 @@ class RolloutManager:
         self.statuses: Counter[str] = Counter()  # every finished episode, infra failures included
         self._progress = anyio.Event()
         self.dropped_groups: list[str] = []
+        self.groups_dropped = 0
+        self.max_consecutive_drops = max_consecutive_drops
+        self.drops_in_a_row = 0
+        self.last_failure = ""
+        self._dropped_now: set[str] = set()
+        self.circuit_error: RolloutCircuitOpen | None = None
+        self._groups_scope: anyio.CancelScope | None = None
 
     # -- admission ----------------------------------------------------------------------
 
     def notify_step(self) -> None:
-        """The learner finished a step: wake groups waiting on the staleness bound."""
+        """The learner finished a step (or a group was dropped): wake groups waiting on the staleness bound."""
         self._progress.set()
         self._progress = anyio.Event()
 
@@ -70,9 +92,10 @@ class RolloutManager:
         if self.staleness_bound is None:
             return True
         # a group started while the learner is at version v is trained by step
-        # ~ groups_started // batch_groups + 1; keep that within v + bound (AReaL's rule)
+        # ~ groups_started // batch_groups + 1; keep that within v + bound (AReaL's rule).
+        # Dropped groups never reach the learner: counting them would leave batches unfillable.
         allowed = (self.learner_step() + self.staleness_bound + 1) * self.batch_groups
-        return self.groups_started < allowed
+        return self.groups_started - self.groups_dropped < allowed
 
     async def _admit(self, group: GroupTask) -> None:
         while not self._stale_room():
@@ -83,8 +106,12 @@ class RolloutManager:
     # -- running ------------------------------------------------------------------------
 
     async def run_forever(self) -> None:
-        """Keep issuing groups until cancelled (async mode); a closed buffer ends it too."""
+        """Keep issuing groups until cancelled (async mode); a closed buffer ends it too.
+
+        Raises :class:`RolloutCircuitOpen` when too many groups in a row were dropped.
+        """
         async with anyio.create_task_group() as tg:
+            self._groups_scope = tg.cancel_scope
             while True:
                 await self.group_slots.acquire()
                 group = self.stream.next_group()
@@ -92,16 +119,23 @@ class RolloutManager:
                     await self._admit(group)
                 except BufferClosed:
                     self.group_slots.release()
-                    return
+                    break
                 self.groups_started += 1
                 tg.start_soon(self._run_group_in_slot, group)
+        self._raise_if_open()
 
     async def run_groups(self, count: int) -> None:
-        """Run exactly ``count`` new groups to completion (sync mode)."""
+        """Run exactly ``count`` new groups to completion (sync mode); raises :class:`RolloutCircuitOpen`."""
         async with anyio.create_task_group() as tg:
+            self._groups_scope = tg.cancel_scope
             for group in self.stream.take(count):
                 self.groups_started += 1
                 tg.start_soon(self._run_group, group)
+        self._raise_if_open()
+
+    def _raise_if_open(self) -> None:
+        if self.circuit_error is not None:
+            raise self.circuit_error
 
     async def _run_group_in_slot(self, group: GroupTask) -> None:
         try:
@@ -113,6 +147,24 @@ class RolloutManager:
         async with anyio.create_task_group() as tg:
             for sample in range(group.n_samples):
                 tg.start_soon(self._run_sample, group, sample)
+        if group.group_id in self._dropped_now:
+            self._dropped_now.discard(group.group_id)
+            self._check_circuit()
+        else:
+            self.drops_in_a_row = 0
+
+    def _check_circuit(self) -> None:
+        limit = self.max_consecutive_drops
+        if limit is None or self.drops_in_a_row < limit or self.circuit_error is not None:
+            return
+        self.circuit_error = RolloutCircuitOpen(
+            f"{self.drops_in_a_row} groups in a row were dropped after repeated infrastructure failures "
+            f"(the last: {self.last_failure or 'unknown'}); every episode fails, so training stops here. "
+            "Check the environment workers and engines (their logs are in the run directory's logs/), "
+            "or raise rollout.max_consecutive_dropped_groups."
+        )
+        if self._groups_scope is not None:
+            self._groups_scope.cancel()  # stop every group in flight; run_forever/run_groups raise it
 
     async def _run_sample(self, group: GroupTask, sample: int) -> None:
         try:
@@ -135,13 +187,16 @@ class RolloutManager:
                 except Exception as exc:  # a bug or an unexpected failure: infra, never a score
                     log.exception("sample %s of group %s raised", sample, group.group_id)
                     self.counters["loop_exceptions"] += 1
-                    result = self.buffer.fail(group.group_id, sample, f"{type(exc).__name__}: {exc}")
+                    self.last_failure = f"{type(exc).__name__}: {exc}"
+                    result = self.buffer.fail(group.group_id, sample, self.last_failure)
                     trajectory = None
                 finally:
                     self.in_flight -= 1
             if trajectory is not None:
                 self.statuses[trajectory.status.value] += 1
                 self.counters[f"failure/{trajectory.failure.value}"] += 1
+                if trajectory.failure.value == "infra":
+                    self.last_failure = str(trajectory.metrics.get("infra_error") or trajectory.status.value)
                 result = self.buffer.add(trajectory)
             if result is AddResult.RETRY:
                 attempt += 1
@@ -151,8 +206,12 @@ class RolloutManager:
                 continue
             if result is AddResult.GROUP_DROPPED:
                 self.counters["groups_dropped"] += 1
+                self.groups_dropped += 1
+                self.drops_in_a_row += 1
+                self._dropped_now.add(group.group_id)
                 self.dropped_groups.append(group.group_id)
                 self.stream.mark_done(group.group_id)
+                self.notify_step()  # its place under the staleness bound is free again
             return
 
     def take_dropped(self) -> list[str]:
