@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import difflib
 import logging
-from importlib import metadata
 from collections.abc import Callable
+from importlib import metadata
 from typing import Any
 
 import attrs
