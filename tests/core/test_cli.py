@@ -115,8 +115,9 @@ def test_plugin_that_fails_to_import_is_named_without_an_install_hint(tmp_path):
     assert "Traceback" not in out.stderr
     message = out.stderr.strip().splitlines()[-1]  # after the loader's one-line warning
     assert "unknown environment 'gone'" in message
-    assert "'env_gone' (agentrl-env-gone 0.0.1): ModuleNotFoundError: No module named 'not_a_real_module_xyz'" in message
-    assert "install agentrl-env-gone" not in message  # it is installed: the hint would mislead
+    assert "'env_gone' (agentrl-env-gone 0.0.1) failed: ModuleNotFoundError: No module named 'not_a_real_module_xyz'" in message
+    assert "install agentrl-env-gone?" not in message  # it is installed: the hint would mislead
+    assert "agentrl-env-gone is installed, but no loaded plugin provides 'gone'" in message
 
 
 def test_missing_plugin_hint_says_how_to_install_from_a_checkout():

@@ -69,7 +69,7 @@ def install_hint(kind: str, name: str) -> str:
         return ""
     dist = pattern.format(name.replace("_", "-"))
     if _is_installed(dist):
-        return ""
+        return f" ({dist} is installed, but no loaded plugin provides {name!r}: see `agentrl plugins --all`)"
     return f" (install {dist}?: {INSTALL_HOWTO.format(dist=dist)})"
 
 
@@ -86,11 +86,12 @@ def _is_installed(dist: str) -> bool:
 
 
 def _failed_plugins_note(pm: AgentrlPluginManager) -> str:
-    failed = [r for r in pm.records.values() if r.status == "failed"]
-    if not failed:
+    """Installed plugins that are not loaded (failed or disabled): the likely reason for a miss."""
+    skipped = sorted((r for r in pm.records.values() if r.status in ("failed", "disabled")), key=lambda r: r.name)
+    if not skipped:
         return ""
-    which = "; ".join(f"{r.name!r} ({r.distribution} {r.version}): {r.error}" for r in sorted(failed, key=lambda r: r.name))
-    return f" Installed plugins that failed to load (see `agentrl plugins`): {which}."
+    which = "; ".join(f"{r.name!r} ({r.distribution} {r.version}) {r.status}: {r.error}" for r in skipped)
+    return f" Installed plugins not loaded (see `agentrl plugins`): {which}."
 
 
 class Registry:
