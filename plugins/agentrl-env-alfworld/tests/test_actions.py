@@ -12,6 +12,7 @@ from agentrl_env_alfworld.actions import (
     sentence_bleu,
     snap_action,
     strip_arrival,
+    upstream_action,
 )
 
 COMMANDS = ["examine desk 1", "go to desk 1", "go to desk 2", "inventory", "look", "take alarmclock 1 from desk 2"]
@@ -86,3 +87,28 @@ def test_prompt_and_observation_texts():
     )
     # only AgentBench's "loc N" sentence is dropped, as upstream
     assert strip_arrival("You arrive at desk 2. On the desk 2, you see nothing.").startswith("You arrive at desk 2.")
+
+
+def _call(name, arguments, call_id="c7"):
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]}
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (_call("take_action", '{"action": "go to desk 1"}'), ("c7", "go to desk 1")),
+        # upstream reads any tool and the first value, whatever its key
+        (_call("go_to_drawer", '{"target": "drawer 1", "n": 3}'), ("c7", "drawer 1")),
+        (_call("take_action", {"action": "look"}), ("c7", "look")),  # already parsed
+        (_call("go to drawer 1", "{}"), None),  # no argument: upstream's arguments[0] raises
+        (_call("take_action", '{"drawer": 3}'), None),  # not a string: .strip() raises
+        (_call("take_action", '["look"]'), None),  # not an object
+        (_call("take_action", "{look"), None),  # not JSON
+        ({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+            "name": "take_action", "arguments": '{"action": "look"}'}}]}, None),  # no call id
+        ({"role": "assistant", "content": "look"}, None),
+    ],
+)
+def test_upstream_action_reads_turns_as_agentbench(message, expected):
+    assert upstream_action(message) == expected

@@ -6,7 +6,7 @@ Its walkthrough: go to desk 2, take pencil 2 from desk 2, go to shelf 5, put pen
 from __future__ import annotations
 
 import anyio
-from agentrl_env_alfworld.actions import NO_TOOL_CALL, SYSTEM_PROMPT
+from agentrl_env_alfworld.actions import NO_TOOL_CALL, NO_VALID_TOOL_CALL, SYSTEM_PROMPT
 from agentrl_env_alfworld.oracle import parse_observation
 
 from agentrl_core.env import Status, assistant_tool_call
@@ -68,8 +68,9 @@ def test_win_snapping_and_observations(env):
     assert steps[-1].metrics["actions"] == 4
 
 
-def test_turn_without_tool_call_does_not_stick(env):
-    """Upstream's defect: this episode would end 'agent validation failed' despite the win."""
+def test_turn_without_tool_call_does_not_stick(make_env):
+    """termination 'agentrl': bad turns never change the status of a win (upstream's would)."""
+    env = make_env(termination="agentrl", concurrency=1)
 
     async def main():
         session = await env.open("std", 0)
@@ -92,6 +93,65 @@ def test_turn_without_tool_call_does_not_stick(env):
     assert malformed.status is Status.RUNNING
     assert steps[-1].status is Status.COMPLETED and steps[-1].reward == 1.0
     assert steps[-1].metrics["invalid_turns"] == 2 and steps[-1].metrics["rounds"] == 6
+
+
+def tool_call(name: str, arguments: str, call_id: str = "call_1") -> dict:
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]}
+
+
+def test_upstream_termination_reads_turns_and_keeps_their_status(env):
+    """std plays AgentBench-FC's loop exactly: any tool's first argument is the action, and the
+    status a bad turn sets is the one a later win reports (reward 1), as upstream's task.py."""
+
+    async def play(turns):
+        session = await env.open("std", 0)
+        try:
+            await session.start()
+            return [await session.step(turn) for turn in turns]
+        finally:
+            await session.close()
+
+    async def main():
+        no_call = await play([{"role": "assistant", "content": "I will go to the desk."}, *map(act, WIN)])
+        invalid = await play([
+            tool_call("go_to_desk", '{"target": "go to desk 2"}'),  # another tool name: played
+            tool_call("take_action", "{}"),  # no argument: upstream's "no valid tool calls"
+            tool_call("take_action", '{"action": 2}'),  # not a string: the same
+            *map(act, WIN[1:]),
+        ])
+        return no_call, invalid
+
+    no_call, invalid = run(main)
+    assert no_call[0].messages == [{"role": "user", "content": NO_TOOL_CALL}]
+    assert [s.status for s in no_call[:-1]] == [Status.RUNNING] * 4
+    assert no_call[-1].status is Status.AGENT_VALIDATION_FAILED and no_call[-1].reward == 1.0
+    assert no_call[-1].metrics["invalid_turns"] == 1 and no_call[-1].metrics["rounds"] == 5
+
+    played = invalid[0].messages[0]
+    assert played["role"] == "tool" and played["tool_call_id"] == "call_1"
+    assert parse_observation(played["content"])[0].startswith("On the desk 2, you see")
+    assert invalid[1].messages == invalid[2].messages == [{"role": "user", "content": NO_VALID_TOOL_CALL}]
+    assert invalid[-1].status is Status.AGENT_INVALID_ACTION and invalid[-1].reward == 1.0
+    assert invalid[-1].metrics["invalid_turns"] == 2 and invalid[-1].metrics["actions"] == 4
+
+
+def test_termination_auto_follows_the_split(make_env):
+    auto, agentrl, upstream = (make_env(termination=t, concurrency=1) for t in ("auto", "agentrl", "upstream"))
+
+    async def main():
+        sessions = {
+            "auto std": await auto.open("std", 0),
+            "auto dev": await auto.open("dev", 0),
+            "auto train": await auto.open("train", auto.index_sets()["train"][0]),
+            "agentrl std": await agentrl.open("std", 0),
+            "upstream train": await upstream.open("train", upstream.index_sets()["train"][0]),
+        }
+        return {name: s.upstream for name, s in sessions.items()}  # never started: nothing to close
+
+    assert run(main) == {
+        "auto std": True, "auto dev": True, "auto train": False, "agentrl std": False, "upstream train": True,
+    }
 
 
 def test_nothing_happens_continues(env):

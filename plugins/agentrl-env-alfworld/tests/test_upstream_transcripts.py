@@ -1,7 +1,8 @@
 """Replay episodes that AgentBench-FC's own task server recorded: same prompts, same observations.
 
 The data (tests/data, see its README) holds the model's action arguments and upstream's tool
-messages; the environment must answer every action with exactly upstream's text.
+messages; the environment must answer every action with exactly upstream's text. These eight
+episodes lost no turns in their log; tests/test_lost_turns.py covers logs that did.
 """
 
 from __future__ import annotations
@@ -43,14 +44,15 @@ def test_replay_matches_upstream(env, episode):
         assert last.status is Status.AGENT_INVALID_ACTION and last.reward == 0.0
 
 
-def test_the_sticky_failure_episode_is_a_success_here(env):
+def test_the_sticky_failure_episode(env, make_env):
     """Upstream won std/40 (reward 1) but reported 'agent validation failed' after one turn
-    without a tool call; here that turn gets its error observation and the win is 'completed'."""
+    without a tool call. termination 'upstream' (the default for std) reports the same; with
+    'agentrl' that turn gets its message and the win is 'completed'."""
     episode = next(e for e in EPISODES if e["model"] == "qwen-8b" and e["index"] == 40)
     assert episode["upstream_status"] == "agent validation failed" and episode["upstream_reward"] == 1
 
-    async def main():
-        session = await env.open("std", 40)
+    async def main(environment):
+        session = await environment.open("std", 40)
         try:
             await session.start()
             *before, final = [raw for raw, _ in episode["steps"]]
@@ -62,6 +64,8 @@ def test_the_sticky_failure_episode_is_a_success_here(env):
         finally:
             await session.close()
 
-    last = anyio.run(main)
-    assert last.status is Status.COMPLETED and last.reward == 1.0
-    assert last.metrics["invalid_turns"] == 1
+    upstream = anyio.run(main, env)
+    assert upstream.status is Status.AGENT_VALIDATION_FAILED and upstream.reward == 1.0
+    fixed = anyio.run(main, make_env(termination="agentrl", concurrency=1))
+    assert fixed.status is Status.COMPLETED and fixed.reward == 1.0
+    assert fixed.metrics["invalid_turns"] == upstream.metrics["invalid_turns"] == 1

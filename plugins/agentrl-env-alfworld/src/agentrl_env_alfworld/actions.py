@@ -8,9 +8,11 @@ admissible command replaces it by the admissible command with the highest senten
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 SYSTEM_PROMPT = (
     "Interact with a household to solve a task. Imagine you are an intelligent agent in a household environment "
@@ -30,6 +32,7 @@ SYSTEM_PROMPT = (
 )
 
 NO_TOOL_CALL = "No executable tool calls found. Please call a tool instead"
+NO_VALID_TOOL_CALL = "No valid tool calls found. Please call a tool instead."
 
 _BLEU_K = 5  # NLTK SmoothingFunction's default k
 _BLEU_ORDER = 4
@@ -78,6 +81,32 @@ def sentence_bleu(reference: Sequence[str], hypothesis: Sequence[str]) -> float:
             smoothed.append(matches / total)
     # NLTK leaves out orders whose precision is still zero (one-word hypotheses).
     return brevity * math.exp(math.fsum(0.25 * math.log(p) for p in smoothed if p > 0))
+
+
+def upstream_action(message: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The (call id, action text) upstream's task.py reads from an assistant turn, or None.
+
+    Upstream takes the first tool call whatever its name, parses its arguments as JSON and
+    uses the first value; a turn where any of that fails, or where the value is not a string
+    (upstream's ``process_action`` calls ``.strip()`` on it), is its "no valid tool calls" turn.
+    Arguments that are already a mapping are read as their JSON text would be.
+    """
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list) or not calls or not isinstance(calls[0], Mapping):
+        return None
+    call, function = calls[0], calls[0].get("function")
+    if not isinstance(function, Mapping) or "id" not in call:
+        return None
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(arguments, Mapping) or not arguments:
+        return None
+    action = next(iter(arguments.values()))
+    return (str(call["id"]), action) if isinstance(action, str) else None
 
 
 def snap_action(text: str, commands: Sequence[str], threshold: float = 0.01) -> str:

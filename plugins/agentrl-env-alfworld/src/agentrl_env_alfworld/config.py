@@ -24,6 +24,11 @@ class AlfworldConfig:
     # "agentbench": ALFWorld 0.2.2 grammar and domain as AgentBench FC ("put X in/on Y", "You arrive at loc N.");
     # "native": the grammar stored in each game file (ALFWorld >= 0.4: "move X to Y").
     wording: Literal["agentbench", "native"] = "agentbench"
+    # How turns are read and episodes end. "upstream": AgentBench-FC's task.py exactly (any tool name, its first
+    # argument is the action; bad turns get upstream's user messages and their status sticks to a later win);
+    # "agentrl": bad turns get error observations and never change the status of a win; "auto": "upstream" for
+    # the evaluation sets std and dev, "agentrl" for train and train-extra.
+    termination: Literal["auto", "upstream", "agentrl"] = "auto"
     max_steps: int = field(default=20, validator=in_range(1))
     repeat_limit: int = field(default=3, validator=in_range(2))  # identical actions in a row that end the episode
     snap_threshold: float = field(default=0.01, validator=in_range(0.0))  # BLEU above which an action snaps to a valid one

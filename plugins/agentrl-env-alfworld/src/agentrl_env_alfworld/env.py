@@ -13,9 +13,17 @@ Semantics (upstream ``src/server/tasks/alfworld/task.py`` of AgentBench, FC bran
   episode as ``agent invalid action`` (reward 0); this check comes before the win check;
 * reward 1 when the goal holds (status ``completed``), else 0.
 
-Fixed upstream defect: a turn without a tool call answers "No executable tool calls found.
-Please call a tool instead" and the episode continues; a later win is ``completed`` (upstream
-kept ``agent validation failed`` for the rest of the episode, even after a win).
+Turns that upstream could not execute (``termination`` in the config):
+
+* ``upstream`` (default for std and dev): exactly as upstream's loop. Any tool name is
+  accepted and the first value of its JSON arguments is the action. A turn without a tool call
+  answers "No executable tool calls found. Please call a tool instead" (user message) and sets
+  ``agent validation failed``; a call whose arguments cannot be read that way answers "No valid
+  tool calls found. Please call a tool instead." and sets ``agent invalid action``. The episode
+  continues; the last such status is the one a later win reports (with reward 1), as upstream.
+* ``agentrl`` (default for train): a turn without a tool call gets the same user message; a
+  malformed call (unknown tool, bad JSON, missing ``action``) gets a tool message with the
+  reason; neither changes the status of a later win (``completed``).
 """
 
 from __future__ import annotations
@@ -33,17 +41,18 @@ from agentrl_core.env import (
     ToolSession,
     function_tool,
     run_blocking,
-    tool_result,
 )
 from agentrl_core.env.tools import tool_calls_of
 from agentrl_core.types import Index, Message
 from agentrl_env_alfworld.actions import (
     NO_TOOL_CALL,
+    NO_VALID_TOOL_CALL,
     SYSTEM_PROMPT,
     available_actions,
     first_prompt,
     snap_action,
     strip_arrival,
+    upstream_action,
 )
 from agentrl_env_alfworld.config import AlfworldConfig
 from agentrl_env_alfworld.data import GameLibrary, GameRef
@@ -52,6 +61,8 @@ from agentrl_env_alfworld.oracle import WalkthroughOracle
 from agentrl_env_alfworld.pool import GamePool, GameProcess, GameProcessError
 
 log = logging.getLogger(__name__)
+
+UPSTREAM_SPLITS = frozenset({"std", "dev"})  # termination "auto" plays these exactly as upstream
 
 TOOLS = [
     function_tool(
@@ -73,6 +84,10 @@ class AlfworldSession(ToolSession):
         self.actions: list[str] = []  # the raw action arguments, as upstream compares them
         self.nothing_happens = 0
         self.snapped = 0
+        mode = env.config.termination
+        self.upstream = mode == "upstream" or (mode == "auto" and ref.split in UPSTREAM_SPLITS)
+        # Upstream's finish_reason: set by a bad turn, reported by a later win.
+        self.sticky_status = Status.COMPLETED
 
     def metrics(self) -> dict[str, Any]:
         return {
@@ -81,6 +96,7 @@ class AlfworldSession(ToolSession):
             "nothing_happens": self.nothing_happens,
             "snapped_actions": self.snapped,
             "task_type": self.ref.task_type,
+            "termination": "upstream" if self.upstream else "agentrl",
         }
 
     async def on_start(self) -> Step:
@@ -106,8 +122,10 @@ class AlfworldSession(ToolSession):
         )
 
     async def on_tool_call(self, call: ToolCall, message: Message) -> Step:
+        return await self._act(call.id, call.arguments["action"])
+
+    async def _act(self, call_id: str, raw: str) -> Step:
         assert self.proc is not None
-        raw = call.arguments["action"]
         action = snap_action(raw, self.admissible, self.env.config.snap_threshold)
         if action != raw.strip().lower().split("\n")[0]:
             self.snapped += 1
@@ -117,18 +135,31 @@ class AlfworldSession(ToolSession):
         if NOTHING_HAPPENS.rstrip(".") in observation:
             self.nothing_happens += 1
         self.actions.append(raw)
-        messages = [tool_result(call, observation + available_actions(self.admissible))]
+        messages = [{"role": "tool", "tool_call_id": call_id, "content": observation + available_actions(self.admissible)}]
         limit = self.env.config.repeat_limit
         if len(self.actions) > limit and len(set(self.actions[-limit:])) == 1:
             return Step(messages, status=Status.AGENT_INVALID_ACTION, reward=0.0, metrics={"repeated_action": raw})
         if reply["won"]:
-            return Step(messages, status=Status.COMPLETED, reward=1.0)
+            return Step(messages, status=self.sticky_status, reward=1.0)
         return Step(messages)
 
     async def on_bad_turn(self, bad: BadTurn, message: Message) -> Step:
-        if isinstance(message, Mapping) and message.get("role", "assistant") == "assistant" and not tool_calls_of(message):
+        if not isinstance(message, Mapping) or message.get("role", "assistant") != "assistant":
+            return Step(bad.observation)
+        if not tool_calls_of(message):
+            if self.upstream:
+                self.sticky_status = Status.AGENT_VALIDATION_FAILED
             return Step([{"role": "user", "content": NO_TOOL_CALL}])
-        return Step(bad.observation)
+        if not self.upstream:
+            return Step(bad.observation)
+        parsed = upstream_action(message)
+        if parsed is None:
+            self.sticky_status = Status.AGENT_INVALID_ACTION
+            return Step([{"role": "user", "content": NO_VALID_TOOL_CALL}])
+        # Another tool name or argument key: upstream plays its first argument all the same,
+        # so this is not a bad turn (the base class counted it as one).
+        self.invalid_turns -= 1
+        return await self._act(*parsed)
 
     async def on_close(self) -> None:
         proc, self.proc = self.proc, None
