@@ -2,31 +2,50 @@
 
 SGLang needs GPUs and cannot be installed on the machines that run these tests, so this
 small server stands in for ``python -m sglang.launch_server`` when the SGLang driver's
-process handling and HTTP use are tested. It follows SGLang's documented behaviour
-(``python/sglang/srt/entrypoints/http_server.py`` and ``managers/io_struct.py`` of 0.5.x):
+process handling, HTTP use and weight sync are tested. It is strict where SGLang is
+(``entrypoints/http_server.py``, ``managers/io_struct.py``, ``managers/tokenizer_manager.py``
+and the weight updater of 0.5.x were read for each point):
 
 * the command line takes SGLang's argument names (unknown flags fail as argparse does);
-* ``/health`` answers 503 while "starting" (``SGLANG_DOUBLE_STARTUP_S`` seconds), then 200;
+* ``/health`` answers 503 while "starting" (``SGLANG_DOUBLE_STARTUP_S`` seconds). Like SGLang
+  it then *generates* to answer: while generation is paused it waits, and after
+  ``SGLANG_HEALTH_CHECK_TIMEOUT`` seconds (20, SGLang's default) it answers 503;
 * ``/generate`` answers ``{text, output_ids, meta_info}`` with ``finish_reason`` as a dict,
   ``output_token_logprobs`` as ``[logprob, token_id, null]`` triples and ``weight_version``
-  as a *string* (``--weight-version``, default ``"default"``); the tokens are a fixed function
-  of the prompt (``(sum(input_ids) + i) % 1000``) with log-prob -0.5, one every 5 ms;
-* ``/pause_generation`` (mode ``abort``) ends in-flight requests with ``finish_reason``
-  ``{"type": "abort"}``; requests arriving while paused wait for ``/continue_generation``;
-* weight-update endpoints answer ``{success, message}`` (400 when ``success`` is false);
-  ``/init_weights_update_group`` only records the request (no torch group is formed);
-  ``/update_weights_from_distributed`` and ``/update_weights_from_disk`` set the version;
-* ``GET /double/requests`` (test-only) returns every request body received, by route.
+  as a *string*; the tokens are ``(sum(input_ids) + i) % 1000``, one every 5 ms after a
+  "prefill" of ``SGLANG_DOUBLE_PREFILL_S_PER_TOKEN`` (0.5 ms) per prompt token. The log-prob is -0.5, or -0.5 x
+  temperature when ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is true (SGLang then reports the
+  log-prob before temperature scaling);
+* requests arriving while paused wait for ``/continue_generation``; ``/pause_generation``
+  (mode ``abort``) and ``/abort_request {rid | abort_all}`` end running requests with
+  ``finish_reason: {"type": "abort"}`` and the tokens so far, and requests still waiting for
+  their prefill with **no** ``output_ids`` at all (SGLang's "Abort before prefill" answer);
+* ``/init_weights_update_group`` joins a real ``torch.distributed`` rendezvous at
+  ``master_address:master_port`` as ranks ``rank_offset + tp_rank`` for every tensor-parallel
+  rank (``--tp-size``), over gloo, and answers once the whole group formed (or 400 on a
+  rank outside ``world_size``, a timeout, a duplicate group name, or a non-gloo backend);
+* ``/update_weights_from_distributed`` refuses a group that was never initialised (400, as
+  SGLang's assertion), waits for running requests like SGLang's writer lock when not
+  paused, receives every tensor by broadcast from rank 0 on every TP rank, checks the
+  names against the checkpoint's (after receiving, as SGLang loads after receiving), takes
+  ``SGLANG_DOUBLE_LOAD_S`` seconds to "load" them, and sets the version; ``/update_weights_from_disk`` needs an existing model directory;
+* ``/destroy_weights_update_group``, ``/get_server_info`` (server arguments,
+  ``internal_states``, ``version``), ``/get_model_info``, ``/flush_cache`` (400 while
+  requests run, as SGLang) are served;
+* ``GET /double/requests`` (test-only) returns every request body received, by route, and
+  ``GET /double/state`` the environment, groups and received tensors.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from agentrl_core.env._http import App, HTTPError, Request, Response, bind_socket, json_response, serve_app
 
@@ -45,10 +64,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--tool-call-parser", default=None)
+    p.add_argument("--chat-template", default=None)
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--log-level", default="info")
     p.add_argument("--max-running-requests", type=int, default=None)
     return p.parse_args(argv)
+
+
+def _true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class _Req:
+    """One /generate request in flight."""
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.prefilled = False
+        self.aborted = asyncio.Event()
+
+
+class _Group:
+    """The TP ranks of this server in one weight-update group (one gloo group object each)."""
+
+    def __init__(self, name: str, ranks: list[int], world_size: int, groups: list[Any]) -> None:
+        self.name = name
+        self.ranks = ranks
+        self.world_size = world_size
+        self.groups = groups
 
 
 class FakeSGLang:
@@ -56,99 +99,282 @@ class FakeSGLang:
         self.args = args
         self.weight_version = str(args.weight_version)
         self.ready_at = time.monotonic() + float(os.environ.get("SGLANG_DOUBLE_STARTUP_S", "0.5"))
+        self.health_timeout = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+        self.prefill_s = float(os.environ.get("SGLANG_DOUBLE_PREFILL_S_PER_TOKEN", "0.0005"))
         self.paused = False
-        self.resumed = asyncio.Event()
-        self.resumed.set()
-        self.abort_epoch = 0
+        self.updating = False
+        self.gate = asyncio.Condition()  # new requests pass while neither paused nor updating
+        self.idle = asyncio.Event()  # no request running (SGLang's writer lock waits for it)
+        self.idle.set()
+        self.running: dict[str, _Req] = {}
+        self.groups: dict[str, _Group] = {}
         self.received: dict[str, list] = {}
+        self.order: list[str] = []  # the routes called, in order
+        self.tensors: dict[str, dict] = {}  # name -> {dtype, shape, sum} as received on TP rank 0
+        self.model_params = _checkpoint_shapes(args.model_path)
         self.app = App(name="sglang-double")
         for method, path, handler in [
-            ("GET", "/health", self.health), ("GET", "/get_model_info", self.model_info),
-            ("POST", "/generate", self.generate), ("POST", "/pause_generation", self.pause),
-            ("POST", "/continue_generation", self.resume), ("POST", "/flush_cache", self.flush),
+            ("GET", "/health", self.health), ("GET", "/health_generate", self.health),
+            ("GET", "/get_model_info", self.model_info), ("GET", "/get_server_info", self.server_info),
+            ("POST", "/generate", self.generate), ("POST", "/abort_request", self.abort_request),
+            ("POST", "/pause_generation", self.pause), ("POST", "/continue_generation", self.resume),
+            ("POST", "/flush_cache", self.flush), ("GET", "/flush_cache", self.flush),
             ("POST", "/init_weights_update_group", self.init_group),
+            ("POST", "/destroy_weights_update_group", self.destroy_group),
             ("POST", "/update_weights_from_distributed", self.update_distributed),
-            ("POST", "/update_weights_from_disk", self.update_disk), ("GET", "/double/requests", self.requests),
+            ("POST", "/update_weights_from_disk", self.update_disk),
+            ("GET", "/double/requests", self.requests), ("GET", "/double/state", self.state),
         ]:
             self.app.route(method, path, handler)
 
     def record(self, request: Request) -> dict:
         body = request.json_object(required=False)
         self.received.setdefault(request.path, []).append(body)
+        self.order.append(request.path)
         return body
 
+    # -- state ------------------------------------------------------------------------
+
     async def health(self, request: Request) -> Response:
-        return Response(b"", 200 if time.monotonic() >= self.ready_at else 503, [])
+        if time.monotonic() < self.ready_at:
+            return Response(b"", 503, [])
+        try:  # SGLang sends a one-token generate request; while paused it waits in the tokenizer manager
+            await asyncio.wait_for(self._passed_gate(), self.health_timeout)
+        except asyncio.TimeoutError:
+            return Response(b"", 503, [])
+        return Response(b"", 200, [])
 
-    async def model_info(self, request: Request):
+    async def _passed_gate(self) -> None:
+        async with self.gate:
+            await self.gate.wait_for(lambda: not self.paused and not self.updating)
+
+    async def _set(self, **flags: bool) -> None:
+        async with self.gate:
+            for name, value in flags.items():
+                setattr(self, name, value)
+            self.gate.notify_all()
+
+    async def model_info(self, request: Request) -> dict:
         return {"model_path": self.args.model_path, "tokenizer_path": self.args.model_path, "is_generation": True,
-                "weight_version": self.weight_version, "served_model_name": self.args.served_model_name,
-                "tool_call_parser": self.args.tool_call_parser}
+                "preferred_sampling_params": None, "weight_version": self.weight_version}
 
-    async def generate(self, request: Request):
+    async def server_info(self, request: Request) -> dict:
+        return {**{k: v for k, v in vars(self.args).items()}, "weight_version": self.weight_version,
+                "internal_states": [{"running": len(self.running), "paused": self.paused}],
+                "version": "0.5-test-double"}
+
+    # -- generation -------------------------------------------------------------------
+
+    async def generate(self, request: Request) -> dict:
         body = self.record(request)
         params = body.get("sampling_params") or {}
         unknown = set(params) - {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
                                  "stop_token_ids", "ignore_eos", "sampling_seed", "skip_special_tokens"}
         if unknown:
             raise HTTPError(400, f"unknown sampling params {sorted(unknown)}")
-        await self.resumed.wait()
-        epoch, version = self.abort_epoch, self.weight_version
-        ids, base = [], sum(body["input_ids"])
-        reason: dict = {"type": "length", "length": int(params.get("max_new_tokens", 128))}
-        for i in range(int(params.get("max_new_tokens", 128))):
-            await asyncio.sleep(0.005)
-            if self.abort_epoch != epoch:
-                reason = {"type": "abort", "message": "Abort in waiting queue", "status_code": None, "err_type": None}
+        await self._passed_gate()  # paused, or a weight update holds SGLang's lock: wait
+        rid = str(body.get("rid") or id(body))
+        req = self.running[rid] = _Req(rid)
+        self.idle.clear()
+        try:
+            return await self._decode(req, body, params)
+        finally:
+            del self.running[rid]
+            if not self.running:
+                self.idle.set()
+
+    async def _decode(self, req: _Req, body: dict, params: dict) -> dict:
+        version, base = self.weight_version, sum(body["input_ids"])
+        max_new = int(params.get("max_new_tokens", 128))
+        meta: dict[str, Any] = {"id": req.rid, "prompt_tokens": len(body["input_ids"])}
+        if await _aborted_within(req, self.prefill_s * len(body["input_ids"])):  # before prefill: SGLang's bare answer
+            return {"text": "", "meta_info": {**meta, "finish_reason": {"type": "abort", "message": "Abort before prefill"},
+                                              "prompt_tokens": 0, "completion_tokens": 0}}
+        req.prefilled = True
+        ids: list[int] = []
+        reason: dict = {"type": "length", "length": max_new}
+        for i in range(max_new):
+            if await _aborted_within(req, 0.005):
+                reason = {"type": "abort", "message": "Abort in running batch", "status_code": None, "err_type": None}
                 break
             ids.append((base + i) % 1000)
-        meta = {"id": body.get("rid"), "finish_reason": reason, "prompt_tokens": len(body["input_ids"]),
-                "completion_tokens": len(ids), "cached_tokens": 0, "weight_version": version}
+        logprob = -0.5 * float(params.get("temperature", 1.0)) if _true("SGLANG_RETURN_ORIGINAL_LOGPROB") else -0.5
+        meta.update(finish_reason=reason, completion_tokens=len(ids), cached_tokens=0, weight_version=version)
         if body.get("return_logprob"):
-            meta["output_token_logprobs"] = [[-0.5, t, None] for t in ids]
+            meta["output_token_logprobs"] = [[logprob, t, None] for t in ids]
         return {"text": " ".join(map(str, ids)), "output_ids": ids, "meta_info": meta}
 
-    async def pause(self, request: Request):
+    async def abort_request(self, request: Request) -> Response:
         body = self.record(request)
-        if body.get("mode", "abort") == "abort":
-            self.abort_epoch += 1
-        self.paused = True
-        self.resumed.clear()
+        for rid, req in list(self.running.items()):
+            if body.get("abort_all") or (body.get("rid") and rid == body["rid"]):
+                req.aborted.set()
+        return Response(b"", 200, [])
+
+    async def pause(self, request: Request) -> dict:
+        body = self.record(request)
+        await self._set(paused=True)
+        if body.get("mode", "abort") == "abort":  # abort everything, then wait until nothing runs
+            for req in self.running.values():
+                req.aborted.set()
+            await self.idle.wait()
         return {"message": "Generation paused successfully.", "status": "ok"}
 
-    async def resume(self, request: Request):
+    async def resume(self, request: Request) -> dict:
         self.record(request)
-        self.paused = False
-        self.resumed.set()
+        await self._set(paused=False)
         return {"message": "Generation continued successfully.", "status": "ok"}
 
     async def flush(self, request: Request) -> Response:
+        if self.running:
+            return Response(b"Cache not flushed: requests are running.\n", 400, [(b"content-type", b"text/plain")])
         return Response(b"Cache flushed.\n", 200, [(b"content-type", b"text/plain")])
+
+    # -- weights ------------------------------------------------------------------------
 
     async def init_group(self, request: Request) -> Response:
         body = self.record(request)
         missing = {"master_address", "master_port", "rank_offset", "world_size"} - set(body)
         if missing:
-            return json_response({"success": False, "message": f"missing {sorted(missing)}"}, 400)
-        return json_response({"success": True, "message": "Succeeded to initialize custom process group."})
+            return _result(False, f"missing {sorted(missing)}")
+        name = str(body.get("group_name", "weight_update_group"))
+        backend = str(body.get("backend", "nccl"))
+        offset, world = int(body["rank_offset"]), int(body["world_size"])
+        ranks = [offset + tp for tp in range(self.args.tp_size)]
+        if name in self.groups:
+            return _result(False, f"Failed to init custom process group: group {name!r} already exists.")
+        if backend != "gloo":
+            return _result(False, f"Failed to init custom process group: the test double has no {backend} (use gloo).")
+        if offset < 1 or ranks[-1] >= world:
+            return _result(False, f"Failed to init custom process group: ranks {ranks} (rank_offset {offset} + "
+                                  f"tp_rank) do not fit a world of {world}.")
+        timeout = float(os.environ.get("SGLANG_DOUBLE_GROUP_TIMEOUT_S", "60"))
+        try:
+            groups = await asyncio.gather(*[asyncio.to_thread(
+                _join, body["master_address"], int(body["master_port"]), rank, world, name, timeout) for rank in ranks])
+        except Exception as exc:
+            return _result(False, f"Failed to init custom process group: {exc}.")
+        self.groups[name] = _Group(name, ranks, world, groups)
+        return _result(True, "Succeeded to initialize custom process group.")
+
+    async def destroy_group(self, request: Request) -> Response:
+        body = self.record(request)
+        group = self.groups.pop(str(body.get("group_name", "weight_update_group")), None)
+        if group is None:
+            return _result(False, "The group to be destroyed does not exist.")
+        return _result(True, "Succeeded to destroy custom process group.")
 
     async def update_distributed(self, request: Request) -> Response:
         body = self.record(request)
-        if not (len(body.get("names", [])) == len(body.get("dtypes", [])) == len(body.get("shapes", []))):
-            return json_response({"success": False, "message": "names, dtypes and shapes differ in length"}, 400)
+        names, dtypes, shapes = body.get("names", []), body.get("dtypes", []), body.get("shapes", [])
+        if not (len(names) == len(dtypes) == len(shapes)):
+            return _result(False, "names, dtypes and shapes differ in length")
+        name = str(body.get("group_name", "weight_update_group"))
+        group = self.groups.get(name)
+        if group is None:
+            return _result(False, f"Group {name} not in {sorted(self.groups)}. Please call "
+                                  "`init_weights_update_group` first.")
+        await self._set(updating=True)
+        try:
+            if not self.paused:
+                await self.idle.wait()  # SGLang's writer lock: running requests finish first
+            received = await asyncio.gather(*[asyncio.to_thread(_receive, g, dtypes, shapes) for g in group.groups])
+            await asyncio.sleep(float(os.environ.get("SGLANG_DOUBLE_LOAD_S", "0")))  # loading into the model
+        except Exception as exc:
+            return _result(False, f"Failed to update parameter online: {exc}.")
+        finally:
+            await self._set(updating=False)
+        unknown = [n for n in names if self.model_params is not None and n not in self.model_params]
+        if unknown:
+            return _result(False, f"Failed to update parameter online: unknown parameters {unknown[:5]}.")
+        for n, summary in zip(names, received[0], strict=True):
+            self.tensors[n] = summary
         if body.get("weight_version") is not None:
             self.weight_version = str(body["weight_version"])
-        return json_response({"success": True, "message": "Succeeded to update parameter online."})
+        return _result(True, "Succeeded to update parameter online.")
 
     async def update_disk(self, request: Request) -> Response:
         body = self.record(request)
+        path = Path(str(body.get("model_path", "")))
+        if not (path / "config.json").is_file():
+            return json_response({"success": False, "message": f"Failed to update weights: no model at {path}.",
+                                  "num_paused_requests": 0}, 400)
+        if not self.paused:
+            await self.idle.wait()
         if body.get("weight_version") is not None:
             self.weight_version = str(body["weight_version"])
         return json_response({"success": True, "message": "Succeeded to update model weights.",
                               "num_paused_requests": 0})
 
-    async def requests(self, request: Request):
+    # -- test-only ------------------------------------------------------------------------
+
+    async def requests(self, request: Request) -> dict:
         return self.received
+
+    async def state(self, request: Request) -> dict:
+        env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "SGLANG_RETURN_ORIGINAL_LOGPROB")}
+        return {"env": env, "argv": sys.argv[1:], "paused": self.paused, "weight_version": self.weight_version,
+                "order": [r for r in self.order if r != "/generate"],
+                "groups": {n: {"ranks": g.ranks, "world_size": g.world_size} for n, g in self.groups.items()},
+                "tensors": self.tensors}
+
+
+async def _aborted_within(req: _Req, seconds: float) -> bool:
+    try:
+        await asyncio.wait_for(req.aborted.wait(), seconds)
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
+def _result(success: bool, message: str) -> Response:
+    return json_response({"success": success, "message": message}, 200 if success else 400)
+
+
+def _checkpoint_shapes(model_path: str) -> dict[str, list[int]] | None:
+    """Parameter names of a safetensors checkpoint (None when the path is not a real model)."""
+    path = Path(model_path) / "model.safetensors"
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:  # the header: 8-byte little-endian length, then JSON
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return {name: info["shape"] for name, info in header.items() if name != "__metadata__"}
+
+
+def _join(address: str, port: int, rank: int, world_size: int, group_name: str, timeout: float) -> Any:
+    """One TP rank joins the learner's group: the store layout of ``weight_group.init_weight_update_group``.
+
+    SGLang runs one process per TP rank; here the ranks are threads, so the group is built
+    from its parts (rendezvous, the same prefixes ``_new_process_group_helper`` adds, gloo)
+    instead of being registered twice under one name.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    from torch.distributed.rendezvous import rendezvous
+
+    host = f"[{address}]" if ":" in address else address
+    wait = timedelta(seconds=timeout)
+    store, _, _ = next(rendezvous(f"tcp://{host}:{port}", rank, world_size, timeout=wait))
+    store = c10d.PrefixStore("cpu/", c10d.PrefixStore(f"{group_name}/", c10d.PrefixStore(group_name, store)))
+    return dist.ProcessGroupGloo(store, rank, world_size, wait)
+
+
+def _receive(group: Any, dtypes: list[str], shapes: list[list[int]]) -> list[dict]:
+    """Receive one bucket in order by broadcast from rank 0; a summary of each tensor."""
+    import torch
+    import torch.distributed as dist
+
+    out = []
+    for dtype, shape in zip(dtypes, shapes, strict=True):
+        tensor = torch.empty([int(s) for s in shape], dtype=getattr(torch, str(dtype).removeprefix("torch.")))
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        group.broadcast([tensor], options).wait()
+        out.append({"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape),
+                    "sum": float(tensor.double().sum())})
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:

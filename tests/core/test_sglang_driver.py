@@ -11,13 +11,15 @@ from __future__ import annotations
 import sys
 
 import anyio
+import attrs
 import httpx
 import pytest
+import torch
 from sglang_double import install_shim
 
-from agentrl_core.config import EngineConfig, SGLangOptions
+from agentrl_core.config import EngineConfig, ModelConfig, SGLangOptions
 from agentrl_core.registry import Registry
-from agentrl_core.rollout.engine_client import EngineClient, EngineError, EnginePool
+from agentrl_core.rollout.engine_client import EngineError, EnginePool
 from agentrl_core.rollout.hf_driver import EngineLaunchError
 from agentrl_core.rollout.sglang_driver import SGLangDriver
 
@@ -51,18 +53,36 @@ def sglang_config(**options):
     return EngineConfig(driver="sglang", device="cuda", sglang=SGLangOptions(**options))
 
 
-def test_command_uses_sglang_05_argument_names():
+def test_command_uses_sglang_05_argument_names(tmp_path):
+    model = tmp_path / "qwen"
+    model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": 4096}')
     driver = SGLangDriver(sglang_config(tp_size=2, mem_fraction_static=0.8, extra_args=["--log-level", "warning"]),
-                          dtype="bfloat16", context_length=8192, tool_call_parser="qwen25", seed=7)
-    assert driver.command("/models/qwen", 31000, 2, "current-1", 1) == [
-        "python", "-m", "sglang.launch_server", "--model-path", "/models/qwen", "--host", "127.0.0.1",
+                          model=ModelConfig(path=str(model), dtype="bfloat16", tool_parser="qwen25",
+                                            chat_template="{{ messages }}", trust_remote_code=True),
+                          max_context=8192, seed=7, log_dir=str(tmp_path / "logs"))
+    assert driver.command(str(model), 31000, 2, "current-1", 1) == [
+        "python", "-m", "sglang.launch_server", "--model-path", str(model), "--host", "127.0.0.1",
         "--port", "31000", "--tp-size", "2", "--weight-version", "0", "--served-model-name", "current-1",
         "--random-seed", "8", "--skip-server-warmup", "--dtype", "bfloat16", "--mem-fraction-static", "0.8",
-        "--context-length", "8192", "--tool-call-parser", "qwen25", "--log-level", "warning",
+        # rollout.max_total_len 8192, capped at the model's 4096 positions (SGLang refuses more)
+        "--context-length", "4096", "--tool-call-parser", "qwen25",
+        "--chat-template", str(tmp_path / "logs" / "chat_template.jinja"), "--trust-remote-code",
+        "--log-level", "warning",
     ]
+    assert (tmp_path / "logs" / "chat_template.jinja").read_text() == "{{ messages }}"
     assert driver.gpu_groups([[0, 1], [2, 3]]) == [[0, 1], [2, 3]]
+    assert driver.ranks_per_engine == 2
     with pytest.raises(EngineLaunchError, match="needs 2 GPUs"):
         driver.gpu_groups([[0]])
+
+
+def test_the_server_never_reports_log_probs_before_temperature(monkeypatch):
+    # SGLANG_RETURN_ORIGINAL_LOGPROB=1 in the user's shell would make SGLang return
+    # log_softmax(logits) while the learner computes log_softmax(logits / temperature)
+    monkeypatch.setenv("SGLANG_RETURN_ORIGINAL_LOGPROB", "1")
+    env = SGLangDriver(sglang_config()).environment([3])
+    assert env == {"CUDA_VISIBLE_DEVICES": "3", "SGLANG_RETURN_ORIGINAL_LOGPROB": "false"}
 
 
 def test_registry_builds_both_drivers():
@@ -71,57 +91,185 @@ def test_registry_builds_both_drivers():
     assert type(registry.build("rollout_engine", "hf", None)).__name__ == "HFDriver"
 
 
+def test_the_runs_options_reach_both_drivers(tmp_path):
+    # model.dtype, model.tool_parser, rollout.max_total_len and run.seed were validated but never used
+    from agentrl_core.config import config_from_dict
+    from agentrl_core.rollout.drivers import build_engine_driver
+
+    config = config_from_dict({"model": {"path": "/m", "dtype": "float16", "tool_parser": "hermes"},
+                               "rollout": {"max_total_len": 2048}, "run": {"seed": 5},
+                               "engine": {"driver": "sglang", "sglang": {"tp_size": 2}}}, validate_plugins=False)
+    sglang = build_engine_driver(config, log_dir=str(tmp_path), host="10.1.2.3")
+    cmd = sglang.command("/m", 1, 2, "current-0", 1)
+    assert cmd[cmd.index("--dtype") + 1] == "float16" and cmd[cmd.index("--context-length") + 1] == "2048"
+    assert cmd[cmd.index("--tool-call-parser") + 1] == "qwen25" and cmd[cmd.index("--random-seed") + 1] == "6"
+    assert cmd[cmd.index("--host") + 1] == "10.1.2.3" and sglang.ranks_per_engine == 2
+    hf = build_engine_driver(attrs.evolve(config, engine=EngineConfig()), log_dir=str(tmp_path))
+    cmd, _ = hf.command("/m", {"device": "cpu", "cpus": []}, tmp_path / "p.json", "current-1", 1)
+    assert cmd[cmd.index("--seed") + 1] == "6" and hf.max_context == 2048
+
+
 @pytest.mark.processes
-async def test_driver_launches_waits_and_the_common_client_speaks_sglang(tmp_path, monkeypatch):
+async def test_driver_launches_waits_and_the_common_client_speaks_sglang(tmp_path, monkeypatch, tiny_model_dir):
     shim = install_shim(tmp_path / "shim")
     monkeypatch.setenv("PYTHONPATH", str(shim))
     monkeypatch.setenv("SGLANG_DOUBLE_STARTUP_S", "1.0")  # /health answers 503 first
+    monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "1")  # SGLang's is 20 s
+    monkeypatch.setenv("SGLANG_RETURN_ORIGINAL_LOGPROB", "1")  # the driver pins it off for the server
     driver = SGLangDriver(sglang_config(python=sys.executable, startup_timeout=60), log_dir=str(tmp_path / "logs"))
     with driver:
-        urls = await anyio.to_thread.run_sync(driver.launch, "current", "/models/fake", [[0], [1]])
+        urls = await anyio.to_thread.run_sync(driver.launch, "current", str(tiny_model_dir), [[0], [1]])
         assert len(urls) == 2
         async with EnginePool("current", urls) as pool:
             result = await pool.generate("traj", [1, 2, 3], {"max_new_tokens": 4, "temperature": 0.8, "seed": 3})
-            assert result.output_ids == [6, 7, 8, 9] and result.logprobs == [-0.5] * 4
+            assert result.output_ids == [6, 7, 8, 9]
+            assert result.logprobs == [-0.5] * 4  # after temperature (before it: -0.4)
             assert result.weight_version == 0 and result.finish_reason == "length"  # "0" from SGLang -> 0
             async with httpx.AsyncClient() as http:
                 seen = (await http.get(result.engine + "/double/requests")).json()["/generate"][-1]
             assert seen["sampling_params"]["sampling_seed"] == 3 and "seed" not in seen["sampling_params"]
 
-            # pause (abort) while a long request runs on each engine; it comes back aborted
-            async def long(key, box):
-                box.append(await pool.generate(key, [5], {"max_new_tokens": 2000}))
+            # pause (abort) while a long request decodes on one engine and a long prompt still waits for
+            # its prefill on the other: the first comes back with its tokens, the second with none at all
+            async def run(key, ids, box):
+                box.append(await pool.generate(key, ids, {"max_new_tokens": 2000}))
 
             before = await received(urls, "/generate")
-            boxes = {"k0": [], "k1": []}
+            boxes = {"decoding": [], "queued": []}
             async with anyio.create_task_group() as tg:
-                for key, box in boxes.items():
-                    tg.start_soon(long, key, box)
-                await wait_until(lambda: all(pool.in_flight[u] == 1 for u in urls))  # least loaded: one each
+                tg.start_soon(run, "decoding", [5], boxes["decoding"])
+                await wait_until(lambda: sum(pool.in_flight.values()) == 1)
+                tg.start_soon(run, "queued", [5] * 40000, boxes["queued"])  # 20 s of "prefill"
+                await wait_until(lambda: all(n == 1 for n in pool.in_flight.values()))  # least loaded: one each
                 await wait_until_received(urls, "/generate", [n + 1 for n in before])
                 await pool.pause_generation()
-                joined = await driver.init_weight_update_group(
-                    "current", master_address="10.0.0.1", master_port=29500, group_name="wsync", backend="nccl")
+            decoding, queued = boxes["decoding"][0], boxes["queued"][0]
+            assert decoding.finish_reason == "abort" and 0 < len(decoding.output_ids) < 2000
+            assert queued.finish_reason == "abort" and queued.output_ids == [] and queued.logprobs == []
+            assert queued.message == "Abort before prefill"
+
+            # SGLang's /health generates: while paused it waits, then answers 503; the server is alive
+            client = pool.engines[urls[0]]
+            assert await client.health(timeout=10) is False and await client.alive() is True
+            with pytest.raises(EngineError, match="Please call `init_weights_update_group` first"):
                 await pool.update_weights_from_distributed(names=["w"], dtypes=["bfloat16"], shapes=[[2, 2]],
-                                                           group_name="wsync", weight_version=1)
-                await pool.continue_generation()
-            assert all(b[0].finish_reason == "abort" and len(b[0].output_ids) < 2000 for b in boxes.values())
-            assert {b[0].engine for b in boxes.values()} == set(urls)
-            assert all(r["success"] for r in joined.values())
-            after = await pool.generate("traj", [1], {"max_new_tokens": 1})
-            assert after.weight_version == 1
+                                                           group_name="never-made", weight_version=1)
+            with pytest.raises(EngineError, match=r"do not fit a world of 2"):  # rank 2 of a world of 2
+                await client.init_weights_update_group(master_address="127.0.0.1", master_port=1, rank_offset=2,
+                                                       world_size=2, group_name="g", backend="gloo")
+            with pytest.raises(EngineError, match="does not exist"):
+                await client.destroy_weights_update_group("never-made")
+            await pool.continue_generation()
+            assert await client.health() is True
+            info = await client.server_info()
+            assert info["tp_size"] == 1 and info["internal_states"] and "version" in info
             async with httpx.AsyncClient() as http:
-                for rank, url in enumerate(urls, start=1):
-                    seen = (await http.get(url + "/double/requests")).json()
-                    assert seen["/init_weights_update_group"] == [{
-                        "master_address": "10.0.0.1", "master_port": 29500, "rank_offset": rank, "world_size": 3,
-                        "group_name": "wsync", "backend": "nccl"}]
-                    assert seen["/update_weights_from_distributed"][0]["weight_version"] == "1"
-            with pytest.raises(EngineError, match="differ in length"):
-                await EngineClient(urls[0]).update_weights_from_distributed(
-                    names=["a", "b"], dtypes=["float32"], shapes=[[1]], group_name="wsync")
+                state = (await http.get(urls[0] + "/double/state")).json()
+            assert state["env"] == {"CUDA_VISIBLE_DEVICES": "0", "SGLANG_RETURN_ORIGINAL_LOGPROB": "false"}
         processes = [p for _, p, _ in driver.procs.processes]
     assert all(p.poll() is not None for p in processes)  # shutdown stopped them
+
+
+def _bf16_sums(model_dir):
+    from safetensors.torch import load_file
+
+    return {n: float(t.to(torch.bfloat16).double().sum()) for n, t in load_file(str(model_dir / "model.safetensors")).items()}
+
+
+@pytest.mark.processes
+def test_tensor_parallel_engines_join_the_weight_group_with_every_rank(tmp_path, monkeypatch, tiny_model_dir):
+    from safetensors.torch import load_file
+
+    from agentrl_core.train.weight_sync import CollectiveTransport, WeightSyncError
+
+    shim = install_shim(tmp_path / "shim")
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    monkeypatch.setenv("SGLANG_DOUBLE_STARTUP_S", "0")
+    monkeypatch.setenv("SGLANG_DOUBLE_GROUP_TIMEOUT_S", "20")
+    driver = SGLangDriver(sglang_config(python=sys.executable, tp_size=2, startup_timeout=60),
+                          log_dir=str(tmp_path / "logs"))
+    weights = list(load_file(str(tiny_model_dir / "model.safetensors")).items())
+    with driver:
+        urls = driver.launch("current", str(tiny_model_dir), [[0, 1], [2, 3]])
+        # one rank per engine (what ray_pools did): the second TP rank of an engine has no place
+        wrong = CollectiveTransport(None, backend="gloo", timeout_s=20)
+        with pytest.raises(WeightSyncError, match=r"ranks \[2, 3\] .* do not fit a world of 3"):
+            wrong.connect("127.0.0.1", urls)
+        transport = CollectiveTransport(None, backend="gloo", bucket_mb=0.5, dtype="bfloat16", timeout_s=60,
+                                        ranks_per_engine=driver.ranks_per_engine)
+        transport.connect("127.0.0.1", urls)
+        try:
+            stats = transport.send(iter(weights), version=5)
+        finally:
+            transport.close()
+        assert stats["tensors"] == len(weights) and stats["buckets"] > 1
+        expected = _bf16_sums(tiny_model_dir)
+        for i, url in enumerate(urls):
+            state = httpx.get(url + "/double/state", timeout=30).json()
+            assert state["weight_version"] == "5" and not state["paused"]
+            assert state["groups"] == {}  # destroyed by close()
+            received = state["tensors"]
+            assert set(received) == set(expected)
+            assert all(t["dtype"] == "bfloat16" for t in received.values())  # weight_sync.dtype
+            assert all(received[n]["sum"] == pytest.approx(v, rel=1e-6, abs=1e-6) for n, v in expected.items())
+            joined = httpx.get(url + "/double/requests", timeout=30).json()["/init_weights_update_group"][-1]
+            assert joined["rank_offset"] == 1 + 2 * i and joined["world_size"] == 5
+
+
+@pytest.mark.processes
+def test_a_weight_sync_has_one_deadline_for_the_whole_operation(tmp_path, monkeypatch, tiny_model_dir):
+    from safetensors.torch import load_file
+
+    from agentrl_core.train.weight_sync import CollectiveTransport, WeightSyncError
+
+    shim = install_shim(tmp_path / "shim")
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    monkeypatch.setenv("SGLANG_DOUBLE_STARTUP_S", "0")
+    monkeypatch.setenv("SGLANG_DOUBLE_LOAD_S", "0.4")  # every bucket takes 0.4 s to load: each call is "fast"
+    driver = SGLangDriver(sglang_config(python=sys.executable, startup_timeout=60), log_dir=str(tmp_path / "logs"))
+    weights = list(load_file(str(tiny_model_dir / "model.safetensors")).items())
+    with driver:
+        urls = driver.launch("current", str(tiny_model_dir), [[0]])
+        transport = CollectiveTransport(None, backend="gloo", bucket_mb=0.2, timeout_s=30)
+        transport.connect("127.0.0.1", urls)  # the double imports torch first: not what is timed here
+        transport.timeout_s = 1.5
+        try:
+            with pytest.raises(WeightSyncError, match=r"did not finish within 1.5 s \(weight_sync.timeout_s\)"):
+                transport.send(iter(weights), version=1)  # 6 buckets x 0.4 s > 1.5 s
+        finally:
+            transport.close()
+        assert httpx.get(urls[0] + "/double/state", timeout=30).json()["paused"]  # left paused, no mixed weights
+
+
+@pytest.mark.processes
+def test_disk_sync_pauses_loads_and_continues(tmp_path, monkeypatch, tiny_model_dir):
+    # unpaused, SGLang's /update_weights_from_disk waits for every running request to finish;
+    # the transport pauses (aborting them: the agent loop regenerates) so a sync takes bounded time
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from agentrl_core.train.weight_sync import DiskTransport
+
+    shim = install_shim(tmp_path / "shim")
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    monkeypatch.setenv("SGLANG_DOUBLE_STARTUP_S", "0")
+    driver = SGLangDriver(sglang_config(python=sys.executable, startup_timeout=60), log_dir=str(tmp_path / "logs"))
+    weights = list(load_file(str(tiny_model_dir / "model.safetensors")).items())
+    with driver:
+        urls = driver.launch("current", str(tiny_model_dir), [[0]])
+        transport = DiskTransport(None, disk_path=str(tmp_path / "shared"), model_dir=str(tiny_model_dir),
+                                  dtype="bfloat16", timeout_s=60)
+        transport.connect(None, urls)
+        try:
+            transport.send(iter(weights), version=3)
+        finally:
+            transport.close()
+        state = httpx.get(urls[0] + "/double/state", timeout=30).json()
+    assert state["order"] == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
+    assert state["weight_version"] == "3" and not state["paused"]
+    with safe_open(str(tmp_path / "shared" / "weights_v3" / "model.safetensors"), "pt") as f:
+        names = f.keys()
+        assert {f.get_slice(k).get_dtype() for k in names} == {"BF16"}
 
 
 @pytest.mark.processes
@@ -144,10 +292,12 @@ def test_hf_driver_maps_placements_to_engine_command_lines(tmp_path):
         {"device": "cuda", "gpus": [1]}, {"device": "cpu", "cpus": []}, {"device": "cpu", "cpus": [2]}]
     driver = HFDriver(engine=EngineConfig(hf=HFEngineOptions(max_running_requests=8, threads=3, dtype="bfloat16")),
                       python="py", max_context=4096)
+    assert driver.ranks_per_engine == 1
     cmd, env = driver.command("/m", {"device": "cpu", "cpus": [0, 1]}, tmp_path / "p.json", "current-0")
     assert cmd == ["py", "-m", "agentrl_core.cli.main", "engine", "serve", "--model", "/m", "--host", "127.0.0.1",
                    "--port", "0", "--port-file", str(tmp_path / "p.json"), "--max-running-requests", "8",
-                   "--dtype", "bfloat16", "--served-model-name", "current-0", "--device", "cpu", "--cpus", "0,1",
+                   "--dtype", "bfloat16", "--served-model-name", "current-0", "--seed", "0", "--device", "cpu",
+                   "--cpus", "0,1",
                    "--threads", "3", "--max-context", "4096"] and env == {}
     cmd, env = driver.command("/m", {"device": "cuda", "gpus": [2]}, tmp_path / "p.json", "stale-0")
     assert env == {"CUDA_VISIBLE_DEVICES": "2"} and cmd[-4:] == ["--device", "cuda", "--max-context", "4096"]

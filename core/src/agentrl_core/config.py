@@ -44,10 +44,11 @@ class RunConfig:
 @frozen
 class ModelConfig:
     path: str = ""
+    # compute dtype on GPU: the learner's FSDP params, SGLang's --dtype, the weights sent (weight_sync.dtype auto)
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     tool_parser: str = "qwen25"
-    chat_template: str | None = None
-    trust_remote_code: bool = False
+    chat_template: str | None = None  # a .jinja file or the template text; replaces the checkpoint's
+    trust_remote_code: bool = False  # tokenizer, learner and SGLang may run the checkpoint's code
 
 
 @frozen
@@ -105,6 +106,9 @@ class RolloutConfig:
     buffer_max_factor: float = field(default=2.0, validator=in_range(1.0))
     max_infra_retries: int = field(default=2, validator=in_range(0))
     staleness_bound: int | None = field(default=None, validator=in_range(0))
+    # the circuit breaker: this many groups dropped in a row stop the run (None: twice the larger of
+    # batch_size and the groups in flight, at least 8)
+    max_consecutive_dropped_groups: int | None = field(default=None, validator=in_range(1))
 
 
 @frozen
@@ -125,6 +129,8 @@ class SGLangOptions:
 
 @frozen
 class EngineConfig:
+    __extra_sections__ = "options"  # a plugin driver's section (engine.vllm), validated by its schema
+
     driver: str = "hf"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_engines: int = field(default=1, validator=in_range(1))
@@ -132,8 +138,13 @@ class EngineConfig:
     health_check_interval: float = field(default=10.0, validator=in_range(0.0, lo_open=True))
     unhealthy_checks: int = field(default=3, validator=in_range(1))  # failed checks in a row: restart it
     max_restarts: int = field(default=10, validator=in_range(0))
+    # one /health probe may take this long (SGLang's own wait is 20 s)
+    health_timeout: float = field(default=30.0, validator=in_range(0.0, lo_open=True))
+    # the deadline of every other engine call, a whole generation included
+    request_timeout: float = field(default=900.0, validator=in_range(0.0, lo_open=True))
     hf: HFEngineOptions = field(factory=HFEngineOptions)
     sglang: SGLangOptions = field(factory=SGLangOptions)
+    options: dict[str, Any] = field(factory=dict)
 
 
 @frozen
@@ -199,7 +210,8 @@ class WeightSyncConfig:
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     bucket_mb: float = field(default=512.0, validator=in_range(0.0, lo_open=True))
     disk_path: str | None = None
-    timeout_s: float = field(default=600.0, validator=in_range(0.0, lo_open=True))  # weight-group collectives, HTTP calls
+    timeout_s: float = field(default=600.0, validator=in_range(0.0, lo_open=True))  # the deadline of a whole connect/sync
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: model.dtype on GPU, float32 on CPU
 
 
 @frozen
@@ -369,6 +381,9 @@ def validate_plugin_sections(config: Config, registry: Registry, marks: Mapping[
 
     spec_or_error("policy_loss", config.loss.name, "loss.name")
     spec_or_error("rollout_engine", config.engine.driver, "engine.driver")
+    engine_options = {
+        name: validated("rollout_engine", name, section, f"engine.{name}") for name, section in config.engine.options.items()
+    }
     spec_or_error("weight_sync_transport", config.weight_sync.transport, "weight_sync.transport")
     spec_or_error("tool_parser", config.model.tool_parser, "model.tool_parser")
     spec_or_error("agent_loop", config.rollout.agent_loop, "rollout.agent_loop")
@@ -380,6 +395,7 @@ def validate_plugin_sections(config: Config, registry: Registry, marks: Mapping[
         environments=envs,
         sampler=attrs.evolve(config.sampler, options=sampler_options),
         advantage=attrs.evolve(config.advantage, options=adv_options),
+        engine=attrs.evolve(config.engine, options=engine_options),
     )
 
 

@@ -81,6 +81,7 @@ class Evaluation:
 
     def _engines(self) -> dict[str, list[str]]:
         from agentrl_core.launch.placement import _split, available_devices
+        from agentrl_core.rollout.drivers import build_engine_driver
 
         launch = {name: m for name, m in self.models.items() if not m.urls}
         urls = {name: list(m.urls) for name, m in self.models.items() if m.urls}
@@ -88,8 +89,7 @@ class Evaluation:
             kind = "cuda" if self.config.engine.device == "cuda" else "cpu"
             groups = _split(available_devices(kind), len(launch))
             for i, (name, m) in enumerate(launch.items()):
-                driver = self.registry.build("rollout_engine", self.config.engine.driver, None,
-                                             engine=self.config.engine, log_dir=str(self.out_dir / "logs"))
+                driver = build_engine_driver(self.config, registry=self.registry, log_dir=str(self.out_dir / "logs"))
                 self.drivers.append(driver)
                 urls[name] = driver.launch(name, m.path, [groups[i % len(groups)]])
         return urls
@@ -117,14 +117,13 @@ class Evaluation:
         return {m: {t: s.to_json() for t, s in ts.items()} for m, ts in summaries.items()}
 
     async def _token_players(self, client: Any, engine_urls: dict[str, list[str]]) -> Any:
-        from transformers import AutoTokenizer
-
         from agentrl_core.rollout.engine_client import EnginePool
+        from agentrl_core.rollout.tokenizer import load_tokenizer
 
         tokenizer_path = self.config.model.path or next((m.path for m in self.models.values() if m.path), None)
         if not tokenizer_path:
             raise ConfigError("set model.path to the tokenizer's directory when every model is given by urls")
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        tokenizer = load_tokenizer(tokenizer_path, self.config.model)
         self._pools = {name: EnginePool(name, urls) for name, urls in engine_urls.items()}
         return make_token_players(self.config, registry=self.registry, tokenizer=tokenizer, env_client=client,
                                   pools=self._pools, mode=self.config.eval.mode)

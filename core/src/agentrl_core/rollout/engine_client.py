@@ -305,11 +305,11 @@ class EngineClient:
                                         url=self.url)
             await anyio.sleep(interval)
 
-    async def model_info(self) -> dict[str, Any]:
-        return await self._json("GET", "/get_model_info")
+    async def model_info(self, timeout: float | None = None) -> dict[str, Any]:
+        return await self._json("GET", "/get_model_info", timeout=timeout)
 
-    async def server_info(self) -> dict[str, Any]:
-        return await self._json("GET", "/get_server_info")
+    async def server_info(self, timeout: float | None = None) -> dict[str, Any]:
+        return await self._json("GET", "/get_server_info", timeout=timeout)
 
     async def flush_cache(self) -> None:
         await self.request("POST", "/flush_cache")
@@ -469,14 +469,20 @@ class EnginePool:
     # Pool-wide calls (concurrently on every engine)
 
     async def _each(self, method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """``method`` on every engine at once; one EngineError naming every engine that failed."""
         results: dict[str, Any] = {}
+        errors: list[EngineError] = []
 
         async def one(url: str) -> None:
-            results[url] = await getattr(self.engines[url], method)(*args, **kwargs)
+            try:
+                results[url] = await getattr(self.engines[url], method)(*args, **kwargs)
+            except EngineError as exc:
+                errors.append(exc)
 
         async with anyio.create_task_group() as tg:
             for url in self.urls:
                 tg.start_soon(one, url)
+        _raise_first(errors, len(self.urls))
         return results
 
     async def health(self) -> dict[str, bool]:
@@ -512,13 +518,30 @@ class EnginePool:
         """Join every engine to the learner's group: engine i is rank ``rank_base + i * ranks_per_engine``."""
         world_size = world_size or rank_base + len(self.urls) * ranks_per_engine
         results: dict[str, Any] = {}
+        errors: list[EngineError] = []
 
         async def one(i: int, url: str) -> None:
-            results[url] = await self.engines[url].init_weights_update_group(
-                master_address=master_address, master_port=master_port, rank_offset=rank_base + i * ranks_per_engine,
-                world_size=world_size, group_name=group_name, backend=backend)
+            try:
+                results[url] = await self.engines[url].init_weights_update_group(
+                    master_address=master_address, master_port=master_port,
+                    rank_offset=rank_base + i * ranks_per_engine, world_size=world_size, group_name=group_name,
+                    backend=backend)
+            except EngineError as exc:
+                errors.append(exc)
 
         async with anyio.create_task_group() as tg:
             for i, url in enumerate(self.urls):
                 tg.start_soon(one, i, url)
+        _raise_first(errors, len(self.urls))
         return results
+
+
+def _raise_first(errors: list[EngineError], engines: int) -> None:
+    if not errors:
+        return
+    first = errors[0]
+    if len(errors) == 1:
+        raise first
+    others = "; ".join(str(e) for e in errors[1:])
+    raise type(first)(f"{first} (and {len(errors) - 1} more of {engines} engines: {others})",
+                      url=first.url, status=first.status)

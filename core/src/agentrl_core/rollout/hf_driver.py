@@ -7,7 +7,8 @@ to them and runs that many threads) or of GPU ids (``CUDA_VISIBLE_DEVICES``; the
 uses the first); an int (one core or GPU) or a device string (``"cpu"``, ``"cuda:1"``) also
 work. ``devices=[]`` starts ``engine.num_engines`` unpinned engines on ``engine.device``.
 
-Each engine picks a free port itself and reports it through a port file, so parallel
+Each engine binds ``host`` (127.0.0.1; the node's address when the run spans a Ray
+cluster) and picks a free port itself, reporting it through a port file, so parallel
 launches never race for ports. Logs go to ``<log_dir>/<pool>-<i>.log``. ``shutdown()``
 terminates every process it started (SIGTERM, then SIGKILL after a grace period).
 """
@@ -27,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from agentrl_core.config import EngineConfig
+from agentrl_core.config import EngineConfig, ModelConfig
 from agentrl_core.errors import AgentrlError
 from agentrl_core.launch.processes import detach_and_die_with_parent
 
@@ -131,26 +132,37 @@ def wait_healthy(url: str, deadline: float, alive: Any) -> None:
 
 
 class HFDriver:
-    """Launches and stops agentrl's own engine servers (``agentrl engine serve``)."""
+    """Launches and stops agentrl's own engine servers (``agentrl engine serve``).
+
+    Built by :func:`agentrl_core.rollout.drivers.build_engine_driver` with the run's
+    ``engine``, ``model`` (not used: the engine reads the checkpoint's dtype, template and
+    code), ``max_context``, ``seed``, ``host`` and ``log_dir``.
+    """
+
+    ranks_per_engine = 1  # weight-update group ranks one engine takes
 
     def __init__(self, config: EngineConfig | None = None, *, engine: EngineConfig | None = None,
-                 python: str = sys.executable, startup_timeout: float = 300.0, max_context: int | None = None,
-                 log_dir: str | None = None, extra_args: Sequence[str] = ()) -> None:
+                 model: ModelConfig | None = None, python: str = sys.executable, startup_timeout: float = 300.0,
+                 max_context: int | None = None, log_dir: str | None = None, extra_args: Sequence[str] = (),
+                 seed: int = 0, host: str = "127.0.0.1") -> None:
         # registry.build("rollout_engine", "hf", None, engine=config.engine): the spec has no schema
         self.config = config or engine or EngineConfig()
         self.python = python
         self.startup_timeout = startup_timeout
         self.max_context = max_context
         self.extra_args = list(extra_args)
+        self.seed = seed
+        self.host = host
         self.procs = ManagedProcesses(log_dir)
         self.urls: dict[str, list[str]] = {}
 
-    def command(self, model_path: str, slot: dict[str, Any], port_file: Path, name: str) -> tuple[list[str], dict]:
+    def command(self, model_path: str, slot: dict[str, Any], port_file: Path, name: str,
+                index: int = 0) -> tuple[list[str], dict]:
         hf = self.config.hf
         cmd = [self.python, "-m", "agentrl_core.cli.main", "engine", "serve", "--model", str(model_path),
-               "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
+               "--host", self.host, "--port", "0", "--port-file", str(port_file),
                "--max-running-requests", str(hf.max_running_requests), "--dtype", hf.dtype,
-               "--served-model-name", name]
+               "--served-model-name", name, "--seed", str(self.seed + index)]
         env: dict[str, str] = {}
         if slot["device"] == "cuda":
             if slot["gpus"]:
@@ -175,7 +187,7 @@ class HFDriver:
             name = f"{pool}-{i}"
             port_file = self.procs.log_dir / f"{name}.port.json"
             port_file.unlink(missing_ok=True)
-            cmd, env = self.command(model_path, slot, port_file, name)
+            cmd, env = self.command(model_path, slot, port_file, name, i)
             proc, log_path = self.procs.start(name, cmd, env)
             started.append((name, proc, log_path, port_file))
         deadline = time.monotonic() + self.startup_timeout
@@ -200,17 +212,6 @@ class HFDriver:
         self.urls[pool] = urls
         log.info("pool %s: %d hf engine(s) at %s", pool, len(urls), ", ".join(urls))
         return urls
-
-    async def init_weight_update_group(self, pool: str, *, master_address: str, master_port: int,
-                                       group_name: str = "weight_update_group", backend: str = "gloo",
-                                       rank_base: int = 1, world_size: int | None = None) -> dict[str, Any]:
-        """Join every engine of ``pool`` to the learner's group (run concurrently with the learner's own join)."""
-        from agentrl_core.rollout.engine_client import EnginePool
-
-        async with EnginePool(pool, self.urls[pool]) as engines:
-            return await engines.init_weights_update_group(
-                master_address=master_address, master_port=master_port, group_name=group_name, backend=backend,
-                rank_base=rank_base, world_size=world_size)
 
     def shutdown(self) -> None:
         self.procs.terminate()

@@ -2,14 +2,19 @@
 
 ``launch(pool, model_path, devices)`` starts ``python -m sglang.launch_server`` once per
 entry of ``devices`` (a list of GPU ids per engine: ``CUDA_VISIBLE_DEVICES`` and
-``--tp-size len(ids)``), waits for ``/health`` and ``/get_model_info``, and returns the URLs.
+``--tp-size len(ids)``), waits for ``/health``, and returns the URLs. The run's options
+reach the command line: ``model.dtype`` (``--dtype``), ``rollout.max_total_len`` capped at
+the model's positions (``--context-length``), ``model.tool_parser``, ``model.chat_template``,
+``model.trust_remote_code`` and ``run.seed``. ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is pinned
+off in the server's environment: with it SGLang reports log-probs before temperature
+scaling, while the learner's ratio needs ``log_softmax(logits / temperature)``.
 Weight updates use SGLang's own endpoints (``/pause_generation``,
 ``/init_weights_update_group``, ``/update_weights_from_distributed``,
 ``/continue_generation``), which our HF server implements identically, so the learner's
 transport and :class:`~agentrl_core.rollout.engine_client.EnginePool` do not care which
-driver started the engines. :meth:`SGLangDriver.init_weight_update_group` joins every
-engine of a pool to the learner's group (engine ``i`` holds ranks
-``rank_base + i * tp_size ...``; SGLang adds its tensor-parallel rank itself).
+driver started the engines. Each engine holds ``tp_size`` ranks of the learner's
+weight-update group (``ranks_per_engine``: engine ``i`` joins at ``rank_offset = 1 + i *
+tp_size``, and SGLang adds its tensor-parallel rank itself).
 
 Command line (argument names checked against SGLang 0.5.x ``server_args`` and its
 ``arg_groups/fields``)::
@@ -17,7 +22,7 @@ Command line (argument names checked against SGLang 0.5.x ``server_args`` and it
     python -m sglang.launch_server --model-path PATH --host 127.0.0.1 --port P --tp-size N
         --weight-version 0 --served-model-name POOL-I --random-seed S --skip-server-warmup
         [--dtype D] [--mem-fraction-static F] [--context-length C] [--tool-call-parser qwen25]
-        [--trust-remote-code] [extra_args...]
+        [--chat-template FILE] [--trust-remote-code] [extra_args...]
 
 SGLang cannot run on CPU-only machines, so its HTTP handling is tested against a labelled
 test double (``tests/core/sglang_double.py``); the GPU check script is
@@ -26,13 +31,15 @@ test double (``tests/core/sglang_double.py``); the GPU check script is
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from agentrl_core.config import EngineConfig
+from agentrl_core.config import EngineConfig, ModelConfig
 from agentrl_core.rollout.hf_driver import EngineLaunchError, ManagedProcesses, wait_healthy
 
 log = logging.getLogger(__name__)
@@ -47,23 +54,43 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class SGLangDriver:
-    """Launches and stops SGLang servers; everything else goes through the common client."""
+    """Launches and stops SGLang servers; everything else goes through the common client.
+
+    Built by :func:`agentrl_core.rollout.drivers.build_engine_driver` with the run's
+    ``engine``, ``model``, ``max_context`` (``rollout.max_total_len``), ``seed``, ``host`` and
+    ``log_dir``; the explicit ``dtype``/``context_length``/``tool_call_parser``/
+    ``trust_remote_code``/``chat_template`` keywords override what ``model`` says.
+    """
 
     def __init__(self, config: EngineConfig | None = None, *, engine: EngineConfig | None = None,
-                 host: str = "127.0.0.1", log_dir: str | None = None, dtype: str | None = None,
+                 model: ModelConfig | None = None, host: str = "127.0.0.1", log_dir: str | None = None,
+                 max_context: int | None = None, seed: int = 0, dtype: str | None = None,
                  context_length: int | None = None, tool_call_parser: str | None = None,
-                 trust_remote_code: bool = False, seed: int = 0) -> None:
+                 trust_remote_code: bool | None = None, chat_template: str | None = None) -> None:
         # registry.build("rollout_engine", "sglang", None, engine=config.engine): the spec has no schema
         self.config = config or engine or EngineConfig(driver="sglang")
         self.host = host
-        self.dtype = dtype
-        self.context_length = context_length
-        self.tool_call_parser = tool_call_parser
-        self.trust_remote_code = trust_remote_code
+        self.dtype = dtype or (model.dtype if model is not None else None)
+        self.context_length = context_length or max_context
+        self.tool_call_parser = tool_call_parser or (model.tool_parser if model is not None else None)
+        self.trust_remote_code = bool(trust_remote_code if trust_remote_code is not None
+                                      else model is not None and model.trust_remote_code)
+        self.chat_template = chat_template or (model.chat_template if model is not None else None)
         self.seed = seed
         self.procs = ManagedProcesses(log_dir)
         self.urls: dict[str, list[str]] = {}
-        self.tp_sizes: dict[str, int] = {}
+
+    @property
+    def ranks_per_engine(self) -> int:
+        """Weight-update group ranks one engine takes: one per tensor-parallel rank."""
+        return self.config.sglang.tp_size
+
+    def environment(self, gpus: Sequence[int]) -> dict[str, str]:
+        """What the server's environment gets over this process's."""
+        return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
+                # the learner's ratio needs log_softmax(logits / temperature), SGLang's default;
+                # a user's shell must not switch the server to pre-temperature log-probs
+                "SGLANG_RETURN_ORIGINAL_LOGPROB": "false"}
 
     def command(self, model_path: str, port: int, tp_size: int, name: str, index: int) -> list[str]:
         opts = self.config.sglang
@@ -74,13 +101,25 @@ class SGLangDriver:
             cmd += ["--dtype", self.dtype]
         if opts.mem_fraction_static is not None:
             cmd += ["--mem-fraction-static", str(opts.mem_fraction_static)]
-        if self.context_length:
-            cmd += ["--context-length", str(self.context_length)]
+        context = _capped_context(model_path, self.context_length)
+        if context:
+            cmd += ["--context-length", str(context)]
         if self.tool_call_parser:
             cmd += ["--tool-call-parser", SGLANG_TOOL_PARSERS.get(self.tool_call_parser, self.tool_call_parser)]
+        if self.chat_template:
+            cmd += ["--chat-template", self._chat_template_file()]
         if self.trust_remote_code:
             cmd += ["--trust-remote-code"]
         return cmd + list(opts.extra_args)
+
+    def _chat_template_file(self) -> str:
+        """``model.chat_template`` as SGLang takes it: a file (an inline template is written to one)."""
+        template = str(self.chat_template)
+        if "{%" not in template and "{{" not in template:
+            return template  # a path or one of SGLang's template names
+        path = self.procs.log_dir / "chat_template.jinja"
+        path.write_text(template)
+        return str(path)
 
     def gpu_groups(self, devices: Sequence[Any]) -> list[list[int]]:
         tp = self.config.sglang.tp_size
@@ -103,7 +142,7 @@ class SGLangDriver:
             name = f"{pool}-{i}"
             port = free_port(self.host)
             cmd = self.command(model_path, port, len(gpus), name, i)
-            proc, log_path = self.procs.start(name, cmd, {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))})
+            proc, log_path = self.procs.start(name, cmd, self.environment(gpus))
             host = f"[{self.host}]" if ":" in self.host else self.host
             started.append((name, proc, log_path, f"http://{host}:{port}"))
         deadline = time.monotonic() + self.config.sglang.startup_timeout
@@ -116,20 +155,8 @@ class SGLangDriver:
             self.shutdown()
             raise
         self.urls[pool] = urls
-        self.tp_sizes[pool] = self.config.sglang.tp_size
         log.info("pool %s: %d SGLang server(s) at %s", pool, len(urls), ", ".join(urls))
         return urls
-
-    async def init_weight_update_group(self, pool: str, *, master_address: str, master_port: int,
-                                       group_name: str = "weight_update_group", backend: str = "nccl",
-                                       rank_base: int = 1, world_size: int | None = None) -> dict[str, Any]:
-        """Join every engine of ``pool`` to the learner's group (run concurrently with the learner's own join)."""
-        from agentrl_core.rollout.engine_client import EnginePool
-
-        async with EnginePool(pool, self.urls[pool]) as engines:
-            return await engines.init_weights_update_group(
-                master_address=master_address, master_port=master_port, group_name=group_name, backend=backend,
-                rank_base=rank_base, ranks_per_engine=self.tp_sizes[pool], world_size=world_size)
 
     def shutdown(self) -> None:
         self.procs.terminate(grace=30.0)
@@ -141,3 +168,15 @@ class SGLangDriver:
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
         self.procs.cleanup()
+
+
+def _capped_context(model_path: str, wanted: int | None) -> int | None:
+    """``wanted`` capped at the model's ``max_position_embeddings`` (SGLang refuses a longer context)."""
+    if not wanted:
+        return None
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return wanted  # a hub name or an unreadable directory: SGLang checks it
+    longest = config.get("max_position_embeddings")
+    return min(wanted, int(longest)) if isinstance(longest, int) and longest > 0 else wanted

@@ -40,7 +40,8 @@ from agentrl_core.train.packed_attention import attention_implementation
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Learner", "init_distributed", "resolve_device", "load_causal_lm", "shard_model", "named_full_tensors"]
+__all__ = ["Learner", "init_distributed", "resolve_device", "load_causal_lm", "compute_dtype", "shard_model",
+           "named_full_tensors"]
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -83,7 +84,8 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> tuple[i
     return dist.get_rank(), dist.get_world_size(), dev
 
 
-def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa") -> torch.nn.Module:
+def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
+                   trust_remote_code: bool = False) -> torch.nn.Module:
     """A Hugging Face causal LM from ``path`` on the CPU, in ``dtype``.
 
     ``attn_implementation``: ``sdpa``, ``flash_attention_2`` or ``agentrl_packed``
@@ -91,7 +93,13 @@ def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype = torch.float32, 
     """
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation)
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation,
+                                                trust_remote_code=trust_remote_code)
+
+
+def compute_dtype(name: str) -> torch.dtype:
+    """``model.dtype`` as a torch dtype: the learner's compute (parameter) dtype on CUDA."""
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 def _decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
@@ -150,7 +158,8 @@ class Learner:
         temperature: the rollout sampling temperature (logits are divided by it).
         loss_fn: a PolicyLoss (default :func:`~agentrl_core.train.losses.ppo_dual_clip`).
         layout: ``packed`` (no padding) or ``padded`` micro-batches; default ``train.micro_batch_layout``.
-        param_dtype: compute dtype on CUDA (default bf16); the CPU always computes in fp32.
+        param_dtype: compute dtype on CUDA (default bf16, ``model.dtype``); the CPU always computes in fp32.
+        trust_remote_code: let transformers run the checkpoint's own model code (``model.trust_remote_code``).
 
     :func:`init_distributed` must have run on every rank first.
     """
@@ -167,6 +176,7 @@ class Learner:
         layout: Layout | None = None,
         param_dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str | None = None,
+        trust_remote_code: bool = False,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("call agentrl_core.train.learner.init_distributed() on every rank before building a Learner")
@@ -184,7 +194,8 @@ class Learner:
         mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if on_gpu else None
 
         self.attn_implementation = attention_implementation(self.device, self.layout)
-        self.model = load_causal_lm(self.model_path, torch.float32, self.attn_implementation)
+        self.trust_remote_code = trust_remote_code
+        self.model = load_causal_lm(self.model_path, torch.float32, self.attn_implementation, trust_remote_code)
         self.config = self.model.config
         self.pad_token_id = int(self.config.pad_token_id if self.config.pad_token_id is not None else 0)
         if self.train_config.gradient_checkpointing:
@@ -200,7 +211,8 @@ class Learner:
         self.ref_model = None
         if self.train_config.reference and self.loss_config.kl_coef > 0:
             ref_dtype = param_dtype if on_gpu else torch.float32
-            self.ref_model = shard_model(load_causal_lm(self.model_path, ref_dtype, self.attn_implementation), self.mesh)
+            self.ref_model = shard_model(load_causal_lm(self.model_path, ref_dtype, self.attn_implementation,
+                                                        trust_remote_code), self.mesh)
             self.ref_model.to(self.device)
             self.ref_model.eval()
             self.ref_model.requires_grad_(False)

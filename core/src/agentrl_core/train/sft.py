@@ -38,12 +38,11 @@ def sft_nll_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprob
 
 def run_sft(config: Config, *, echo: Any = print) -> Path:
     """Train ``config.model.path`` on ``config.sft.data``; returns the saved model directory."""
-    from transformers import AutoTokenizer
-
     from agentrl_core.env.episodes import read_demonstrations
+    from agentrl_core.rollout.tokenizer import load_tokenizer
     from agentrl_core.train.batching import TrainSample
     from agentrl_core.train.checkpoint import save_hf_model
-    from agentrl_core.train.learner import Learner, init_distributed
+    from agentrl_core.train.learner import Learner, compute_dtype, init_distributed
     from agentrl_core.train.sft_data import encode_demonstrations
 
     s = config.sft
@@ -52,7 +51,7 @@ def run_sft(config: Config, *, echo: Any = print) -> Path:
     if not s.data:
         raise ConfigError("sft.data is empty: list demonstration files (agentrl demos writes them)")
     rank, world, _ = init_distributed(config.train.device)
-    tokenizer = AutoTokenizer.from_pretrained(config.model.path)
+    tokenizer = load_tokenizer(config.model.path, config.model)
     records = [r for path in s.data for r in read_demonstrations(path)]
     sequences = encode_demonstrations(tokenizer, records, max_total_len=config.rollout.max_total_len,
                                       min_reward=s.min_reward)
@@ -65,6 +64,8 @@ def run_sft(config: Config, *, echo: Any = print) -> Path:
         loss=attrs.evolve(config.loss, kl_coef=0.0, entropy_coef=0.0),
         temperature=1.0,
         loss_fn=sft_nll_loss,
+        param_dtype=compute_dtype(config.model.dtype),
+        trust_remote_code=config.model.trust_remote_code,
     )
     out_dir = Path(s.output_dir or config.run.dir / "sft_model")
     log_path = config.run.dir / "sft_metrics.jsonl"

@@ -11,8 +11,14 @@ SGLang native API subset), so they work with our HF engines and with SGLang serv
   ``/continue_generation``. The backend is a parameter: gloo on CPU, NCCL on GPU; the same
   code path runs under gloo here.
 * :class:`DiskTransport` (``disk``): rank 0 writes a Hugging Face model directory
-  (safetensors) to a shared path, atomically, and every engine loads it with
-  ``/update_weights_from_disk {model_path, weight_version}``.
+  (safetensors) to a shared path, atomically; then the pool is paused, every engine loads it
+  with ``/update_weights_from_disk {model_path, weight_version}``, and generation continues
+  (unpaused, SGLang would first wait for every running request to finish).
+
+Tensors travel in ``weight_sync.dtype`` (:func:`transfer_dtype`: ``auto`` is the model's
+compute dtype, ``model.dtype``, on GPU and float32 on CPU). Every ``connect`` and ``send``
+has one deadline for the whole operation (``weight_sync.timeout_s``); past it the transport
+raises :class:`WeightSyncError` instead of waiting on.
 
 The engines of a pool see all new tensors or none: our engine refuses to continue after a
 partial update, so a failed sync leaves the pool paused on a clear error (retry the sync).
@@ -57,6 +63,7 @@ __all__ = [
     "push_weights",
     "drain",
     "write_hf_checkpoint",
+    "transfer_dtype",
 ]
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
@@ -132,13 +139,50 @@ def _settings(config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     section = kwargs.pop("weight_sync", None) or config
     out = {}
     if section is not None:
-        out = {k: getattr(section, k) for k in ("backend", "bucket_mb", "disk_path", "timeout_s") if hasattr(section, k)}
+        keys = ("backend", "bucket_mb", "disk_path", "timeout_s", "dtype")
+        out = {k: getattr(section, k) for k in keys if hasattr(section, k)}
     out.update({k: v for k, v in kwargs.items() if v is not None})
     return out
 
 
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def transfer_dtype(setting: str | torch.dtype | None, *, model_dtype: str = "bfloat16",
+                   device_kind: str = "cuda") -> torch.dtype | None:
+    """The dtype weights travel in: ``auto`` is ``model_dtype`` on GPU (what the engines compute
+    in; fp32 master weights would double the bytes) and the learner's float32 on CPU (CPU
+    learners and engines compute in fp32, a cast would only lose precision). ``None``: as they are."""
+    if setting is None or isinstance(setting, torch.dtype):
+        return setting
+    if setting == "auto":
+        return _DTYPES[model_dtype] if device_kind == "cuda" else torch.float32
+    if setting not in _DTYPES:
+        raise WeightSyncError(f"weight_sync.dtype {setting!r} is not one of auto, {', '.join(_DTYPES)}")
+    return _DTYPES[setting]
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+class _Deadline:
+    """One deadline for a whole operation; ``left()`` raises WeightSyncError once it passed."""
+
+    def __init__(self, seconds: float, what: str, consequence: str = "the engines stay paused until a sync "
+                 "succeeds") -> None:
+        self.seconds = seconds
+        self.what = what
+        self.consequence = consequence
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        remaining = self.end - time.monotonic()
+        if remaining <= 0:
+            raise WeightSyncError(f"{self.what} did not finish within {self.seconds:g} s (weight_sync.timeout_s); "
+                                  f"{self.consequence}. Raise the timeout for a large model, or look for a stuck "
+                                  "engine in the run's logs/.")
+        return remaining
 
 
 def _free_port(host: str) -> int:
@@ -172,7 +216,7 @@ class _Engines:
 
         self.clients = self.portal.call(make)
 
-    async def _all(self, method: str, kwargs_per_engine: Sequence[dict[str, Any]]) -> list[Any]:
+    async def _all(self, method: str, kwargs_per_engine: Sequence[dict[str, Any]], seconds: float) -> list[Any]:
         import anyio
 
         results: list[Any] = [None] * len(self.clients)
@@ -180,7 +224,10 @@ class _Engines:
 
         async def one(i: int) -> None:
             try:
-                results[i] = await getattr(self.clients[i], method)(**kwargs_per_engine[i])
+                with anyio.fail_after(seconds):
+                    results[i] = await getattr(self.clients[i], method)(**kwargs_per_engine[i])
+            except TimeoutError:
+                errors.append(f"{self.urls[i]}: no answer within {seconds:.3g} s")
             except Exception as exc:
                 errors.append(f"{self.urls[i]}: {exc}")
 
@@ -191,19 +238,30 @@ class _Engines:
             raise WeightSyncError(f"{method} failed on {len(errors)} of {len(self.clients)} engines: {'; '.join(errors)}")
         return results
 
-    def start(self, method: str, per_engine: Sequence[dict[str, Any]] | None = None, **kwargs: Any) -> concurrent.futures.Future:
-        """Call ``method`` on every engine concurrently; a future of the list of answers."""
+    def start(self, method: str, deadline: _Deadline, per_engine: Sequence[dict[str, Any]] | None = None,
+              **kwargs: Any) -> concurrent.futures.Future:
+        """Call ``method`` on every engine concurrently within ``deadline``; a future of the answers."""
         per_engine = per_engine or [kwargs] * len(self.clients)
-        return self.portal.start_task_soon(self._all, method, per_engine)
+        return self.portal.start_task_soon(self._all, method, per_engine, deadline.left())
 
-    def call(self, method: str, timeout: float | None = None, **kwargs: Any) -> list[Any]:
-        return self.start(method, **kwargs).result(timeout)
+    def call(self, method: str, deadline: _Deadline, **kwargs: Any) -> list[Any]:
+        return wait(self.start(method, deadline, **kwargs), deadline)
 
     def close(self) -> None:
         try:
             self.portal.call(self._http.aclose)
         finally:
             self._stack.close()
+
+
+def wait(future: concurrent.futures.Future, deadline: _Deadline) -> Any:
+    """The future's result, within what is left of ``deadline``."""
+    try:
+        return future.result(deadline.left())
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        deadline.left()  # raises the deadline's error
+        raise
 
 
 # ---------------------------------------------------------------------------------------
@@ -217,9 +275,10 @@ class CollectiveTransport:
     :class:`~agentrl_core.config.WeightSyncConfig`; ``weight_sync=`` works too):
         backend: ``gloo``, ``nccl`` or ``auto`` (NCCL when CUDA is available).
         bucket_mb: bucket size in MiB.
-        dtype: cast tensors to this dtype before sending (default: as they are).
+        dtype: cast tensors to this dtype before sending: a torch dtype, a name, or ``auto``
+            (:func:`transfer_dtype` on this machine's device; default: as they are).
         ranks_per_engine: process-group ranks one engine takes (SGLang's tp size; 1 for hf).
-        timeout_s: limit of the group's collectives and of each HTTP call.
+        timeout_s: the deadline of a whole ``connect`` or ``send`` (and of each collective).
     """
 
     name = "collective"
@@ -229,7 +288,8 @@ class CollectiveTransport:
         backend = s.get("backend", "auto")
         self.backend = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
         self.bucket_bytes = int(float(s.get("bucket_mb", 512.0)) * 2**20)
-        self.dtype: torch.dtype | None = s.get("dtype")
+        self.dtype = transfer_dtype(s.get("dtype"), model_dtype=s.get("model_dtype", "bfloat16"),
+                                    device_kind="cuda" if torch.cuda.is_available() else "cpu")
         self.ranks_per_engine = int(s.get("ranks_per_engine", 1))
         self.timeout_s = float(s.get("timeout_s", 600.0))
         self.group_name = s.get("group_name") or f"agentrl_weights_{uuid.uuid4().hex[:8]}"
@@ -244,10 +304,12 @@ class CollectiveTransport:
             raise WeightSyncError("this transport is already connected; close() it first")
         address = learner_rank0 or "127.0.0.1"
         port = _free_port(address)
+        deadline = _Deadline(self.timeout_s, f"forming the weight-update group with {len(engines)} engines",
+                             "no group was formed")
         self.engines = _Engines(engines, self.timeout_s)
         world_size = 1 + len(engines) * self.ranks_per_engine
         joins = self.engines.start(
-            "init_weights_update_group",
+            "init_weights_update_group", deadline,
             per_engine=[
                 dict(master_address=address, master_port=port, rank_offset=1 + i * self.ranks_per_engine,
                      world_size=world_size, group_name=self.group_name, backend=self.backend)
@@ -267,12 +329,17 @@ class CollectiveTransport:
         hosting = threading.Thread(target=host, name="weight-group-host", daemon=True)
         hosting.start()
         try:
-            joins.result(self.timeout_s)
-        except WeightSyncError as exc:
-            raise WeightSyncError(f"engines could not join the weight-update group {self.group_name!r}: {exc}") from None
-        hosting.join(self.timeout_s)
-        if "error" in result or "group" not in result:
-            raise WeightSyncError(f"hosting the weight-update group failed: {result.get('error', 'timed out')}")
+            try:
+                wait(joins, deadline)
+            except WeightSyncError as exc:
+                raise WeightSyncError(f"engines could not join the weight-update group {self.group_name!r}: "
+                                      f"{exc}") from None
+            hosting.join(deadline.left())
+            if "error" in result or "group" not in result:
+                raise WeightSyncError(f"hosting the weight-update group failed: {result.get('error', 'timed out')}")
+        except WeightSyncError:
+            self._abandon(result.get("group"))
+            raise
         self.group = result["group"]
         log.info("weight-update group %s: learner + %d engines over %s at %s:%d",
                  self.group_name, len(engines), self.backend, address, port)
@@ -296,11 +363,12 @@ class CollectiveTransport:
 
         assert self.engines is not None
         start = time.perf_counter()
-        self.engines.call("pause_generation", self.timeout_s, mode="abort")
+        deadline = _Deadline(self.timeout_s, f"the weight sync of version {version} to {len(self.engines.urls)} engines")
+        self.engines.call("pause_generation", deadline, mode="abort")
         n_tensors = n_buckets = n_bytes = 0
         for bucket in iter_buckets(self._prepared(tensors), self.bucket_bytes):
             receiving = self.engines.start(
-                "update_weights_from_distributed",
+                "update_weights_from_distributed", deadline,
                 names=[n for n, _ in bucket], dtypes=[_dtype_name(t.dtype) for _, t in bucket],
                 shapes=[list(t.shape) for _, t in bucket], group_name=self.group_name,
                 weight_version=version, flush_cache=True,
@@ -311,12 +379,12 @@ class CollectiveTransport:
                 dist.broadcast(tensor, src=0, group=self.group)
                 n_bytes += tensor.numel() * tensor.element_size()
             try:
-                receiving.result(self.timeout_s)
+                wait(receiving, deadline)
             except WeightSyncError as exc:
                 raise WeightSyncError(f"weight version {version}, bucket {n_buckets}: {exc}") from None
             n_tensors += len(bucket)
             n_buckets += 1
-        self.engines.call("continue_generation", self.timeout_s)
+        self.engines.call("continue_generation", deadline)
         seconds = time.perf_counter() - start
         log.info("synced %d tensors (%.1f MiB) in %d buckets to %d engines in %.2f s (version %d)",
                  n_tensors, n_bytes / 2**20, n_buckets, len(self.engines.urls), seconds, version)
@@ -333,11 +401,27 @@ class CollectiveTransport:
                 tensor = tensor.cpu()
             yield name, tensor.contiguous()
 
+    def _abandon(self, group: Any) -> None:
+        """A group that did not form: the engines that joined it leave it (the others say it does not exist)."""
+        assert self.engines is not None
+        try:
+            self.engines.call("destroy_weights_update_group", _Deadline(min(30.0, self.timeout_s), "leaving a "
+                              "half-formed weight-update group"), group_name=self.group_name)
+        except WeightSyncError as exc:
+            log.debug("after a failed connect: %s", exc)
+        if group is not None:
+            from agentrl_core.rollout.weight_group import destroy_weight_update_group
+
+            destroy_weight_update_group(group)
+        self.engines.close()
+        self.engines = None
+
     def close(self) -> None:
         """Leave the group on both sides and close the HTTP clients."""
         if self.engines is not None and self.group is not None:
             try:
-                self.engines.call("destroy_weights_update_group", 30.0, group_name=self.group_name)
+                self.engines.call("destroy_weights_update_group", _Deadline(min(30.0, self.timeout_s), "leaving the "
+                                  "weight-update group"), group_name=self.group_name)
             except WeightSyncError as exc:
                 log.warning("engines could not destroy the weight-update group: %s", exc)
         if self.group is not None:
@@ -357,7 +441,8 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 def write_hf_checkpoint(
-    named_tensors: NamedTensors, out_dir: str | os.PathLike, model_dir: str | os.PathLike | None = None
+    named_tensors: NamedTensors, out_dir: str | os.PathLike, model_dir: str | os.PathLike | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Path:
     """Write a Hugging Face model directory atomically (``out_dir.tmp`` then rename).
 
@@ -375,7 +460,7 @@ def write_hf_checkpoint(
         for item in Path(model_dir).iterdir():
             if item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES) and not item.name.endswith(".index.json"):
                 shutil.copy2(item, tmp / item.name)
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in named_tensors}
+    tensors = {name: t.detach().to("cpu", dtype=dtype).contiguous() for name, t in named_tensors}
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     with open(tmp / "model.safetensors", "rb") as f:
         os.fsync(f.fileno())
@@ -390,7 +475,12 @@ class DiskTransport:
 
     Args (keywords): ``disk_path`` (a directory every engine can read; required),
     ``model_dir`` (the model the run started from: config and tokenizer files are copied
-    from it), ``keep`` (versions kept on disk, default 2), ``timeout_s``.
+    from it), ``keep`` (versions kept on disk, default 2), ``dtype`` (as the collective
+    transport's), ``timeout_s`` (the deadline of a whole ``send``).
+
+    A send pauses the pool (aborting running requests, which the agent loop regenerates),
+    loads the new directory on every engine, and continues: unpaused, SGLang would wait for
+    every running request to finish first, and a failed load leaves the pool paused.
     """
 
     name = "disk"
@@ -403,6 +493,8 @@ class DiskTransport:
         self.model_dir = s.get("model_dir")
         self.keep = max(int(s.get("keep", 2)), 1)
         self.timeout_s = float(s.get("timeout_s", 600.0))
+        self.dtype = transfer_dtype(s.get("dtype"), model_dtype=s.get("model_dtype", "bfloat16"),
+                                    device_kind="cuda" if torch.cuda.is_available() else "cpu")
         self.engines: _Engines | None = None
         self._written: list[Path] = []
 
@@ -414,13 +506,16 @@ class DiskTransport:
         if self.engines is None:
             raise WeightSyncError("connect() the disk transport before send()")
         start = time.perf_counter()
+        deadline = _Deadline(self.timeout_s, f"the disk weight sync of version {version} to {len(self.engines.urls)} engines")
         tensors = iter(named_tensors)
         try:
-            path = write_hf_checkpoint(tensors, self.root / f"weights_v{version}", self.model_dir)
+            path = write_hf_checkpoint(tensors, self.root / f"weights_v{version}", self.model_dir, self.dtype)
         finally:
             drain(tensors)
         written = time.perf_counter()
-        self.engines.call("update_weights_from_disk", self.timeout_s, model_path=str(path), weight_version=version)
+        self.engines.call("pause_generation", deadline, mode="abort")
+        self.engines.call("update_weights_from_disk", deadline, model_path=str(path), weight_version=version)
+        self.engines.call("continue_generation", deadline)
         if path not in self._written:
             self._written.append(path)
         while len(self._written) > self.keep:
