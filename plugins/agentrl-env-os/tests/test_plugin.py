@@ -135,8 +135,9 @@ def test_oracle_plans():
     assert output_of("The output of the OS:\n\n7\n\n[The command did not finish within 30 seconds and was killed.]") == "7"
 
 
-def test_image_recipe_hashes_chain():
-    hashes = recipe_hashes()
+@pytest.mark.parametrize("distro", ["ubuntu", "debian"])
+def test_image_recipe_hashes_chain(distro):
+    hashes = recipe_hashes(distro)
     assert set(hashes) == {"base", "default", "packages", "ubuntu"}
     assert len(set(hashes.values())) == 4 and all(len(h) == 12 for h in hashes.values())
 

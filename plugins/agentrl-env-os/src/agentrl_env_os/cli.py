@@ -2,7 +2,7 @@
 
 ::
 
-    agentrl-env-os build-images [--force] [--only default,packages] [--mirror URL] [--prune]
+    agentrl-env-os build-images [--distro ubuntu|debian] [--force] [--only default,packages] [--mirror URL] [--prune]
     agentrl-env-os containers          # every container of this environment, with its owner
     agentrl-env-os sweep [--all]       # remove containers of dead workers (--all: every one)
 """
@@ -15,7 +15,8 @@ import sys
 import time
 
 from agentrl_env_os.config import OSConfig
-from agentrl_env_os.images import DEFAULT_MIRROR, IMAGE_NAMES, ImageBuilder, ImageBuildError
+from agentrl_env_os.images import IMAGE_NAMES, ImageBuilder, ImageBuildError
+from agentrl_env_os.recipes import DEFAULT_DISTRO, DISTROS
 
 
 def _api(config: OSConfig, timeout: int = 600):
@@ -31,7 +32,8 @@ def build_images(args: argparse.Namespace) -> int:
     config = OSConfig(image_prefix=args.prefix)
     _, api = _api(config)
     names = [n.strip() for n in args.only.split(",")] if args.only else list(IMAGE_NAMES)
-    builder = ImageBuilder(api, prefix=args.prefix, mirror=args.mirror, say=lambda line: print(line, flush=True))
+    builder = ImageBuilder(api, prefix=args.prefix, distro=args.distro, mirror=args.mirror,
+                           say=lambda line: print(line, flush=True))
     t0 = time.monotonic()
     try:
         refs = builder.build(names, force=args.force)
@@ -81,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("build-images", help="build the task images (debootstrap + docker; needs root)")
     p.add_argument("--force", action="store_true", help="rebuild even if images with the same recipe exist")
     p.add_argument("--only", help=f"comma-separated subset of {', '.join(IMAGE_NAMES)}")
-    p.add_argument("--mirror", default=DEFAULT_MIRROR, help="Debian mirror for debootstrap and apt")
+    p.add_argument("--distro", choices=DISTROS, default=DEFAULT_DISTRO,
+                   help="ubuntu: Ubuntu 24.04 as upstream's images (default); debian: the earlier bookworm images")
+    p.add_argument("--mirror", help="archive mirror for debootstrap and apt (default: the distribution's own)")
     p.add_argument("--prefix", default="agentrl-os", help="image repository prefix")
     p.add_argument("--prune", action="store_true", help="remove images built from older recipes")
     p.add_argument("--json", action="store_true", help="print a JSON summary with timings")

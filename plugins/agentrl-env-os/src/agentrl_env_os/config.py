@@ -32,6 +32,13 @@ class OSConfig:
     image_prefix: str = field(default="agentrl-os", validator=check(lambda v: v and v == v.lower(), "must be a lowercase image name"))
     #: Image tag; ``None`` uses the content hash of this package's image recipe.
     image_tag: str | None = None
+    #: Whose root file system the images have: "ubuntu" (24.04, as upstream's) or "debian" (bookworm,
+    #: this package's earlier images); ``agentrl-env-os build-images --distro`` builds either.
+    distro: Literal["ubuntu", "debian"] = "ubuntu"
+    #: Open-file limit (soft = hard) of each container; ``None`` inherits dockerd's. Std task 26
+    #: (``4/Q09.json``) writes to file descriptor 123321, so it needs more than 123321; raising the
+    #: limit above dockerd's own needs CAP_SYS_RESOURCE where dockerd runs.
+    open_files: int | None = field(default=None, validator=in_range(64))
     round_limit: int = field(default=8, validator=in_range(1))
     #: Seconds an agent's command may run before it is interrupted (the episode continues).
     command_timeout_s: float = field(default=30.0, validator=in_range(0, lo_open=True))

@@ -165,8 +165,10 @@ class DockerBackend:
     def create(self, image: str, *, name: str, session: str, task: str) -> str:
         """Create and start one episode's container; returns its id."""
         import docker.errors
+        import docker.types
 
         cfg = self.config
+        ulimits = [docker.types.Ulimit(name="nofile", soft=cfg.open_files, hard=cfg.open_files)] if cfg.open_files else None
         host_config = self.api.create_host_config(
             network_mode="none",
             mem_limit=cfg.memory,
@@ -175,6 +177,7 @@ class DockerBackend:
             pids_limit=cfg.pids_limit,
             auto_remove=True,
             cap_drop=["NET_RAW"],  # no network anyway; su, sudo, useradd, chown keep their capabilities
+            ulimits=ulimits,
         )
         labels = {**self.worker.labels(), LABEL_SESSION: session, LABEL_TASK: task}
         try:
@@ -196,6 +199,15 @@ class DockerBackend:
         container_id = created["Id"]
         try:
             self.api.start(container_id)
+        except docker.errors.APIError as exc:
+            self.remove(container_id)
+            if cfg.open_files and "rlimit" in str(exc).lower():
+                raise DockerUnavailable(
+                    f"a container cannot get the open-file limit environments.os.open_files={cfg.open_files} "
+                    f"({exc.explanation or exc}); the Docker host does not allow it (raising the limit needs "
+                    "CAP_SYS_RESOURCE): lower open_files or set it to null to inherit dockerd's limit."
+                ) from None
+            raise
         except BaseException:
             self.remove(container_id)
             raise

@@ -130,10 +130,6 @@ class OSSession(ToolSession):
                 lambda: env.backend.create(image, name=self.name, session=self.name, task=f"{task.split}/{task.index}")
             )
         env.live[self.name] = self.container_id
-        self.shell = InteractiveShell(
-            env.backend, self.container_id, command_timeout=cfg.command_timeout_s, interrupt_grace=cfg.interrupt_grace_s
-        )
-        await self.shell.open()
         self.stats["container_ready_s"] = round(time.monotonic() - t0, 4)
         t1 = time.monotonic()
         for i, script in enumerate(task.init):
@@ -146,6 +142,12 @@ class OSSession(ToolSession):
                 raise InitScriptFailed(
                     f"os {task.split}/{task.index}: init script {i} exited with {run.exit_code}: {err}"
                 )
+        # The agent's login shell starts after the init scripts, as upstream's (which opens it at
+        # its first command): it reads the ~/.bashrc or /etc/profile an init script wrote.
+        self.shell = InteractiveShell(
+            env.backend, self.container_id, command_timeout=cfg.command_timeout_s, interrupt_grace=cfg.interrupt_grace_s
+        )
+        await self.shell.open()
         if task.start is not None:
             # Upstream types the start script into the agent's shell and ignores its status.
             result = await self.shell.run(task.start.code)
@@ -244,7 +246,7 @@ class OSEnvironment(Environment):
 
     async def image_for(self, name: str) -> str:
         if name not in self._checked_images:
-            ref = image_ref(name, self.config.image_prefix, self.config.image_tag)
+            ref = image_ref(name, self.config.image_prefix, self.config.image_tag, self.config.distro)
             await self.backend.call(self.backend.require_image, ref)
             self._checked_images[name] = ref
         return self._checked_images[name]

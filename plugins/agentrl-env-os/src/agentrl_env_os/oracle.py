@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from agentrl_core.env import assistant_tool_call
 from agentrl_core.types import Message
+from agentrl_env_os.recipes import IMAGE_PATH
 from agentrl_env_os.tasks import Script, Task
 
 _OUTPUT_PREFIX = "The output of the OS:\n\n"
@@ -31,12 +32,15 @@ _NOTE = re.compile(r"\n\[(?:The command|The shell|The system)[^\n]*\]$")
 def _wrapped(script: Script) -> str:
     """The example as the checker runs it: a separate interpreter started in /root.
 
-    stdin is closed as in ``docker exec`` (a ``grep`` without files must not wait for the
-    terminal); stderr is dropped because the checker compares stdout only.
+    With the environment of ``docker exec`` (the image's PATH, not the login shell's, which may
+    have read an init script's ~/.bashrc already), stdin closed as there (a ``grep`` without
+    files must not wait for the terminal); stderr is dropped because the checker compares
+    stdout only.
     """
+    exec_env = f'env -i HOME=/root PATH={IMAGE_PATH} HOSTNAME="$HOSTNAME"'
     if script.language == "python":
-        return f"cd /root && python3 -c {shlex.quote(script.code)} </dev/null 2>/dev/null"
-    return f"bash -c {shlex.quote('cd /root' + chr(10) + script.code)} </dev/null 2>/dev/null"
+        return f"cd /root && {exec_env} python3 -c {shlex.quote(script.code)} </dev/null 2>/dev/null"
+    return f"{exec_env} bash -c {shlex.quote('cd /root' + chr(10) + script.code)} </dev/null 2>/dev/null"
 
 
 def _reads_answer(script: Script | None) -> bool:
