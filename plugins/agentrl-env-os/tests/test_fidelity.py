@@ -124,6 +124,7 @@ def test_default_image_probes(make_env):
     assert probes["usr_files_changed_last_day"] == "0"  # every file is older than a day
     assert probes["path"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     assert probes["home"] == "ubuntu"
+    assert probes["own_name_resolves"] == "yes"  # else sudo warns "unable to resolve host" on every call
     # Upstream's agents found no file, bc, sudo, setfacl or ping, but ps, free and a compiler.
     assert probes["missing_commands"].split() == ["file", "bc", "sudo", "killall", "setfacl", "ping"]
 

@@ -199,6 +199,9 @@ class DockerBackend:
         container_id = created["Id"]
         try:
             self.api.start(container_id)
+            # Without a network Docker lists no address for the container's own name, and sudo
+            # then prints "unable to resolve host" on every call (upstream's containers had one).
+            self.exec_script(container_id, ["sh", "-c", 'printf "127.0.1.1\\t%s\\n" "$(hostname)" >> /etc/hosts'])
         except docker.errors.APIError as exc:
             self.remove(container_id)
             if cfg.open_files and "rlimit" in str(exc).lower():

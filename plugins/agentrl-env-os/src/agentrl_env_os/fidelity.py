@@ -44,6 +44,7 @@ PROBES = {
     "missing_commands": "for c in ps free less gcc make file bc sudo killall setfacl ping; do "
                         "command -v $c >/dev/null || printf '%s ' $c; done; echo",
     "open_files": "ulimit -n",
+    "own_name_resolves": 'getent hosts "$(hostname)" >/dev/null && echo yes || echo no',
 }
 PROBE_TASK = 13  # std 13 ("How many groups are in this UNIX system?"): default image, no init script
 
