@@ -57,3 +57,17 @@ def test_bundles_ask_for_exactly_the_devices_there_are():
     # GPUs: one GPU per disjoint bundle, plus a CPU for the actor
     p = plan_placement(list(range(16)), CROSS, kind="cuda", mode="async", rollout_ratio=0.5, learner_ranks=8)
     assert bundle_resources(p) == [{"GPU": 1.0, "CPU": 1}] * 16
+
+
+def test_custom_resources_pin_learner_and_engine_bundles_to_nodes():
+    from agentrl_core.launch.ray_pools import plan_bundles
+
+    p = plan_placement([0, 1], CURRENT, kind="cpu", mode="async", rollout_ratio=0.5, learner_ranks=1)
+    plan = plan_bundles(p, {"trainer": 1}, {"rollout": 0.5})
+    assert plan.resources == [{"CPU": 1.0, "trainer": 1.0}, {"CPU": 1.0, "rollout": 0.5}]
+    # GPUs: a colocated GPU bundle holds both kinds and asks for both
+    p = plan_placement([0, 1], CURRENT, kind="cuda", mode="sync", rollout_ratio=0.5, learner_ranks=2)
+    plan = plan_bundles(p, {"trainer": 1}, {"rollout": 1})
+    assert p.learner == [[0], [1]] and p.pools == {"current": [[0], [1]]}
+    assert plan.resources == [{"GPU": 1.0, "CPU": 2.0, "trainer": 1.0, "rollout": 1.0}] * 2
+    assert plan.slot_bundle == [0, 1, 0, 1] and plan.slot_resources[2] == {"num_cpus": 1.0, "num_gpus": 0.5}

@@ -220,6 +220,10 @@ class LaunchConfig:
     use_ray: bool = True
     num_cpus: int | None = field(default=None, validator=in_range(1))
     num_gpus: int | None = field(default=None, validator=in_range(0))
+    # custom Ray resources every learner-rank / engine bundle also asks for, to pin them to nodes
+    # that advertise them (ray start --resources '{"trainer": 8}')
+    learner_resources: dict[str, float] = field(factory=dict)
+    engine_resources: dict[str, float] = field(factory=dict)
 
 
 @frozen

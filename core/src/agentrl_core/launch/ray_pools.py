@@ -1,12 +1,21 @@
 """Ray placement of the learner pool and the engine pools (docs/architecture.md section 6).
 
-One placement group reserves a bundle per learner rank and per engine. Learner ranks are
-Ray actors running the FSDP2 :class:`~agentrl_core.train.learner.Learner`; each engine is
-started by a small host actor placed in the engine's bundle (so on a cluster it runs on
-the node that owns those devices). On a machine without GPUs a bundle is a set of CPU
-cores: the actor pins itself (and the engine process) to them, so pools really run on
-disjoint cores in async mode. The same code runs on one machine with a local Ray
-(``launch.address: null``) and on an existing cluster (``--address``).
+One placement group reserves the devices. Learner ranks are Ray actors running the FSDP2
+:class:`~agentrl_core.train.learner.Learner`; each engine is started by a small host actor
+placed with the engine's devices (so on a cluster it runs on the node that owns them).
+
+* GPUs: one bundle per GPU. Each learner rank and each engine host is placed in the bundle
+  of its (first) GPU and asks for its share of it, so Ray hands it exactly that GPU
+  (``CUDA_VISIBLE_DEVICES``); a learner rank then uses ``cuda:0``. Before anything starts, a
+  probe in every bundle reads which physical GPU and node Ray reserved, and an engine gets
+  those physical ids (all of one node, for tensor parallelism) - never the placement's
+  indices, which are not Ray's. Disjoint GPUs in async mode, shared ones when colocated.
+* CPUs: one bundle per learner rank and engine with its share of the cores; the actor pins
+  itself (and the engine process) to its cores, so pools run on disjoint cores in async mode.
+
+The same code runs on one machine with a local Ray (``launch.address: null``) and on an
+existing cluster (``--address``): then engines bind their node's address, and the learners'
+rendezvous and the weight-update group are hosted at learner rank 0's node.
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from attrs import frozen
 
 from agentrl_core.config import Config
 from agentrl_core.errors import AgentrlError
@@ -32,56 +43,83 @@ def init_ray(config: Config, *, num_cpus: int | None = None, num_gpus: int | Non
     if ray.is_initialized():
         return
     launch = config.launch
+    # the workers inherit this interpreter's environment (plugins, PYTHONPATH)
+    env_vars = {k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "AGENTRL_DATA_DIR")}
+    runtime_env = {"env_vars": env_vars} if env_vars else None
     if launch.address:
-        ray.init(address=launch.address, logging_level=logging.WARNING, log_to_driver=True)
+        ray.init(address=launch.address, logging_level=logging.WARNING, log_to_driver=True, runtime_env=runtime_env)
         return
     ray.init(
         num_cpus=launch.num_cpus or num_cpus,
         num_gpus=launch.num_gpus if launch.num_gpus is not None else num_gpus,
         include_dashboard=False,
         logging_level=logging.WARNING,
-        # the workers inherit this interpreter's environment (plugins, PYTHONPATH)
-        runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "AGENTRL_DATA_DIR")}},
+        runtime_env=runtime_env,
     )
 
 
-def _pin(kind: str, devices: Sequence[int]) -> None:
-    if kind == "cpu" and devices and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, list(devices))
-        import torch
+def node_address() -> str:
+    import ray
 
-        torch.set_num_threads(len(devices))
+    return ray.util.get_node_ip_address()
+
+
+def _pin(kind: str, devices: Sequence[int]) -> None:
+    if kind != "cpu" or not devices or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = [int(d) for d in devices]
+    if not set(cores) <= set(range(os.cpu_count() or 1)):  # a node with other cores than the driver's
+        log.warning("cores %s do not exist on this node; running unpinned", cores)
+        return
+    os.sched_setaffinity(0, cores)
+    import torch
+
+    torch.set_num_threads(len(cores))
 
 
 class LearnerRank:
     """One rank of the learner (a Ray actor). Every rank gets every call, in the same order."""
 
-    def __init__(self, rank: int, world_size: int, master: tuple[str, int], devices: Sequence[int], kind: str,
+    def __init__(self, rank: int, world_size: int, master: tuple[str, int], devices: Sequence[Any], kind: str,
                  model_path: str, config: Config) -> None:
         _pin(kind, devices)
+        if kind == "cuda":
+            _check_gpus(f"learner rank {rank}", devices)
+        # Ray made this rank's GPU the only visible one: cuda:0 is it
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
                           MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
         from agentrl_core.registry import Registry
-        from agentrl_core.train.learner import Learner, init_distributed
+        from agentrl_core.train.learner import Learner, compute_dtype, init_distributed
 
         self.rank = rank
         self.config = config
         self.model_path = model_path
         _, _, device = init_distributed(config.train.device)
+        self.device_kind = device.type
         self.registry = Registry()
         loss_fn = self.registry.build("policy_loss", config.loss.name)
         self.learner = Learner(model_path, train=config.train, optim=config.optim, loss=config.loss,
-                               temperature=config.rollout.temperature, loss_fn=loss_fn, device=device)
+                               temperature=config.rollout.temperature, loss_fn=loss_fn, device=device,
+                               param_dtype=compute_dtype(config.model.dtype),
+                               trust_remote_code=config.model.trust_remote_code)
         self.transports: dict[str, Any] = {}
 
     def ready(self) -> int:
         return self.rank
 
-    def connect(self, pools: Mapping[str, list[str]], address: str) -> None:
-        """Rank 0 forms one weight-sync transport per pool with that pool's engines (again, after a restart)."""
+    def connect(self, pools: Mapping[str, list[str]], address: str | None = None,
+                ranks_per_engine: Mapping[str, int] | None = None) -> None:
+        """Rank 0 forms one weight-sync transport per pool with that pool's engines (again, after a restart).
+
+        ``address`` is where engines reach this rank (default: this node's address);
+        ``ranks_per_engine`` the group ranks one engine of each pool takes (SGLang: its tp size).
+        """
         if self.rank != 0:
             return
+        from agentrl_core.train.weight_sync import transfer_dtype
+
         ws = self.config.weight_sync
+        dtype = transfer_dtype(ws.dtype, model_dtype=self.config.model.dtype, device_kind=self.device_kind)
         for pool, urls in pools.items():
             old = self.transports.pop(pool, None)
             if old is not None:
@@ -90,8 +128,9 @@ class LearnerRank:
                 except Exception as exc:  # its engine is gone; the group is replaced anyway
                     log.warning("closing the old weight-sync transport of %s: %s", pool, exc)
             transport = self.registry.build("weight_sync_transport", ws.transport, None, weight_sync=ws,
-                                            model_dir=self.model_path)
-            transport.connect(address, urls)
+                                            model_dir=self.model_path, dtype=dtype,
+                                            ranks_per_engine=(ranks_per_engine or {}).get(pool, 1))
+            transport.connect(address or node_address(), urls)
             self.transports[pool] = transport
 
     def train_step(self, samples: list[Any]) -> dict[str, float]:
@@ -132,15 +171,26 @@ class LearnerRank:
 
 
 class EngineHost:
-    """Starts and stops the engines of one bundle (a Ray actor on the bundle's node)."""
+    """Starts and stops the engine of one placement slot (a Ray actor on the slot's node).
 
-    def __init__(self, kind: str, devices: Sequence[int], config: Config, log_dir: str) -> None:
-        from agentrl_core.registry import Registry
+    ``devices`` are what the engine gets: CPU cores, or *physical* GPU ids of this node.
+    """
 
+    def __init__(self, kind: str, devices: Sequence[Any], config: Config, log_dir: str) -> None:
+        from agentrl_core.rollout.drivers import build_engine_driver
+
+        if kind == "cuda":
+            _check_gpus("an engine host", devices)
         self.kind = kind
         self.devices = list(devices)
-        self.driver = Registry().build("rollout_engine", config.engine.driver, None, engine=config.engine,
-                                       log_dir=log_dir)
+        # one machine: loopback only (the admin routes must not face the network); a cluster: this node
+        self.host = node_address() if config.launch.address else "127.0.0.1"
+        self.driver = build_engine_driver(config, log_dir=log_dir, host=self.host)
+
+    def ranks_per_engine(self) -> int:
+        from agentrl_core.rollout.drivers import ranks_per_engine
+
+        return ranks_per_engine(self.driver)
 
     def launch(self, pool: str, model_path: str) -> list[str]:
         return self.driver.launch(pool, model_path, [self.devices])
@@ -154,79 +204,167 @@ class EngineHost:
         self.driver.shutdown()
 
 
-def bundle_resources(placement: Placement) -> list[dict[str, float]]:
-    """Ray resources of each bundle: the learner ranks' first, then every engine's, pool by pool.
+def _check_gpus(who: str, expected: Sequence[Any]) -> None:
+    """Ray must have handed this actor the GPU the placement reserved for it."""
+    import ray
 
-    A device claimed by k bundles (a colocated learner and engine; a pool too small for a
+    given = [str(g) for g in ray.get_gpu_ids()]
+    if given[:1] != [str(e) for e in expected[:1]]:
+        raise AgentrlError(f"{who} was given GPUs {given} by Ray instead of {list(expected)}; the placement "
+                           "group and the actor disagree (report this with the placement printed at start)")
+
+
+@frozen
+class Bundles:
+    """The placement group's bundles, and where each slot (learner ranks, then engines) goes."""
+
+    resources: list[dict[str, float]]
+    slot_bundle: list[int]
+    slot_resources: list[dict[str, float]]  # num_cpus / num_gpus the slot's actor asks of its bundle
+
+
+def _share(amount: float) -> float:
+    return math.floor(amount * 1e6 + 1e-6) / 1e6  # never above the device
+
+
+def plan_bundles(placement: Placement, learner_resources: Mapping[str, float] | None = None,
+                 engine_resources: Mapping[str, float] | None = None) -> Bundles:
+    """Bundles for ``placement``: per GPU on ``cuda``, per slot on ``cpu``.
+
+    A device claimed by k slots (a colocated learner and engine; a pool too small for a
     device of its own sharing another pool's) gives each of them 1/k of itself, so the
-    placement group asks for exactly the devices there are and can be satisfied.
+    placement group asks for exactly the devices there are and can be satisfied. A bundle
+    holding a learner rank (an engine) also asks for ``learner_resources``
+    (``engine_resources``): custom node resources that decide which nodes qualify.
     """
     slots = [*placement.learner, *(devs for engines in placement.pools.values() for devs in engines)]
+    custom = [dict(learner_resources or {})] * len(placement.learner) + \
+             [dict(engine_resources or {})] * (len(slots) - len(placement.learner))
     claims = Counter(d for devs in slots for d in devs)
-    out = []
-    for devices in slots:
-        amount = math.floor(sum(1.0 / claims[d] for d in devices) * 1e6 + 1e-6) / 1e6  # never above the device
-        out.append({"GPU": amount, "CPU": 1} if placement.kind == "cuda" else {"CPU": amount})
-    return out
+    if placement.kind == "cuda":
+        gpus = list(dict.fromkeys(d for devs in slots for d in devs))
+        first = [gpus.index(devs[0]) for devs in slots]
+        actors = Counter(first)
+        resources = [{"GPU": 1.0, "CPU": float(max(1, actors[b]))} for b in range(len(gpus))]
+        for slot, b in enumerate(first):
+            for name, amount in custom[slot].items():
+                resources[b][name] = max(resources[b].get(name, 0.0), float(amount))
+        wanted = [{"num_cpus": 1.0, "num_gpus": _share(1.0 / claims[devs[0]])} for devs in slots]
+        return Bundles(resources, first, wanted)
+    amounts = [_share(sum(1.0 / claims[d] for d in devs)) for devs in slots]
+    return Bundles([{"CPU": a, **{k: float(v) for k, v in custom[i].items()}} for i, a in enumerate(amounts)],
+                   list(range(len(slots))), [{"num_cpus": a, "num_gpus": 0.0} for a in amounts])
+
+
+def bundle_resources(placement: Placement) -> list[dict[str, float]]:
+    """The placement group's bundles (see :func:`plan_bundles`)."""
+    return plan_bundles(placement).resources
+
+
+def _where() -> tuple[str, list[str], int]:
+    """Run inside a bundle: its node's address, the GPUs Ray reserved there, a free port on that node."""
+    import ray
+
+    return node_address(), [str(g) for g in ray.get_gpu_ids()], _free_port()
 
 
 class RayPools:
-    """The placement group, the learner ranks and the engine hosts of one run."""
+    """The placement group, the learner ranks and the engine hosts of one run.
 
-    def __init__(self, placement: Placement, config: Config, *, model_path: str, run_dir: Path) -> None:
+    ``learner_cls`` and ``host_cls`` are the actor classes (tests pass probes with the same
+    constructor to check device assignment without a GPU).
+    """
+
+    def __init__(self, placement: Placement, config: Config, *, model_path: str, run_dir: Path,
+                 learner_cls: type = LearnerRank, host_cls: type = EngineHost) -> None:
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.placement = placement
-        kind = placement.kind
-        engine_slots = [(pool, devs) for pool, engines in placement.pools.items() for devs in engines]
-        bundles = bundle_resources(placement)
-        self.pg = placement_group(bundles, strategy="PACK")
+        plan = plan_bundles(placement, config.launch.learner_resources, config.launch.engine_resources)
+        self.pg = placement_group(plan.resources, strategy="PACK")
         try:
             ray.get(self.pg.ready(), timeout=float(os.environ.get("AGENTRL_PLACEMENT_TIMEOUT", "600")))
         except ray.exceptions.GetTimeoutError:
             remove_placement_group(self.pg)
             raise AgentrlError(
-                f"Ray could not reserve the placement group {bundles} (learner ranks first, then engines) "
-                f"within the timeout; the cluster has {ray.available_resources()} available. "
-                "Lower train.world_size / engine.num_engines, or start Ray with more resources."
+                f"Ray could not reserve the placement group {plan.resources} within the timeout; the cluster has "
+                f"{ray.available_resources()} available. Lower train.world_size / engine.num_engines, or start "
+                "Ray with more resources."
             ) from None
-
-        def strategy(i: int) -> PlacementGroupSchedulingStrategy:
-            return PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
-
-        def resources(i: int) -> dict[str, Any]:
-            return {"num_cpus": bundles[i].get("CPU", 0), "num_gpus": bundles[i].get("GPU", 0)}
-
         self.hosts: dict[str, list[Any]] = {}
-        host_cls = ray.remote(EngineHost)
+        self.ranks: list[Any] = []
+        try:
+            self._start(placement, config, plan, model_path, run_dir, learner_cls, host_cls,
+                        lambda b: PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=b))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start(self, placement: Placement, config: Config, plan: Bundles, model_path: str, run_dir: Path,
+               learner_cls: type, host_cls: type, strategy: Any) -> None:
+        import ray
+
+        kind = placement.kind
+        probe = ray.remote(num_cpus=0)(_where)
+        # what Ray reserved in each bundle: the node, its physical GPU ids, a free port there
+        if kind == "cuda":
+            where = ray.get([probe.options(scheduling_strategy=strategy(b), num_gpus=1).remote()
+                             for b in range(len(plan.resources))], timeout=120)
+            gpus = list(dict.fromkeys(d for devs in (*placement.learner, *(e for es in placement.pools.values()
+                                                                             for e in es)) for d in devs))
+            physical = {d: where[i][1][0] for i, d in enumerate(gpus)}
+            nodes = {d: where[i][0] for i, d in enumerate(gpus)}
+        else:
+            where = {plan.slot_bundle[0]: ray.get(probe.options(scheduling_strategy=strategy(plan.slot_bundle[0]))
+                                                  .remote(), timeout=120)}
+            physical, nodes = {}, {}
+
+        def devices(devs: Sequence[int], who: str) -> list[Any]:
+            if kind != "cuda":
+                return list(devs)
+            on = {nodes[d] for d in devs}
+            if len(on) > 1:
+                raise AgentrlError(f"{who} needs its GPUs {list(devs)} on one node, but Ray reserved them on {sorted(on)}; "
+                                   "give each node a multiple of engine.sglang.tp_size GPUs")
+            return [physical[d] for d in devs]
+
+        def resources(slot: int) -> dict[str, Any]:
+            return {"scheduling_strategy": strategy(plan.slot_bundle[slot]), **plan.slot_resources[slot]}
+
+        engine_slots = [(pool, devs) for pool, engines in placement.pools.items() for devs in engines]
+        remote_host = ray.remote(host_cls)
         for j, (pool, devs) in enumerate(engine_slots):
             slot = len(placement.learner) + j
-            host = host_cls.options(scheduling_strategy=strategy(slot), **resources(slot)).remote(
-                kind, devs, config, str(run_dir / "logs"))
+            host = remote_host.options(**resources(slot)).remote(
+                kind, devices(devs, f"engine {j} of pool {pool!r}"), config, str(run_dir / "logs"))
             self.hosts.setdefault(pool, []).append(host)
         self.urls: dict[str, list[str]] = {}
         self.host_of: dict[str, Any] = {}  # engine url -> the host actor that runs it
         self.model_path = model_path
+        startup = config.engine.sglang.startup_timeout if config.engine.driver == "sglang" else 300.0
         launches = {pool: [h.launch.remote(pool, model_path) for h in hosts] for pool, hosts in self.hosts.items()}
         for pool, refs in launches.items():
             self.urls[pool] = []
-            for host, urls in zip(self.hosts[pool], ray.get(refs)):
+            for host, urls in zip(self.hosts[pool], ray.get(refs, timeout=startup + 60), strict=True):
                 urls = [u.rstrip("/") for u in urls]
                 self.urls[pool] += urls
                 self.host_of.update(dict.fromkeys(urls, host))
+        self.ranks_per_engine = {pool: ray.get(hosts[0].ranks_per_engine.remote(), timeout=60)
+                                 for pool, hosts in self.hosts.items()}
 
-        master = (ray.util.get_node_ip_address(), _free_port())
-        rank_cls = ray.remote(LearnerRank)
+        # learner rank 0 hosts the torch.distributed rendezvous and the weight-update group: its node
+        address, _, port = where[plan.slot_bundle[0]]
+        remote_rank = ray.remote(learner_cls)
         world = len(placement.learner)
         self.ranks = [
-            rank_cls.options(scheduling_strategy=strategy(i), **resources(i)).remote(
-                i, world, master, devs, kind, model_path, config)
+            remote_rank.options(**resources(i)).remote(
+                i, world, (address, port), devices(devs, f"learner rank {i}"), kind, model_path, config)
             for i, devs in enumerate(placement.learner)
         ]
-        ray.get([r.ready.remote() for r in self.ranks])
-        self.learner_address = master[0]
+        ray.get([r.ready.remote() for r in self.ranks], timeout=startup + 60)
+        self.learner_address = address
 
     async def relaunch(self, pool: str, url: str) -> str:
         """Restart the engine behind ``url`` in its bundle; returns the new engine's URL."""

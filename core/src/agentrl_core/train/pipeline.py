@@ -32,8 +32,9 @@ import yaml
 from agentrl_core.config import Config, config_to_dict
 from agentrl_core.errors import AgentrlError, ConfigError
 from agentrl_core.registry import Registry
+from agentrl_core.train.engine_watch import EngineWatchdog
 from agentrl_core.train.progress import Progress
-from agentrl_core.train.rollout_manager import RolloutManager, warmup_minimum
+from agentrl_core.train.rollout_manager import RolloutManager, default_max_consecutive_drops, warmup_minimum
 from agentrl_core.train.step_metrics import batch_metrics, lag_histogram, sample_rollouts
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,15 @@ class Trainer:
                 url = control.start()
             init_ray(c, num_cpus=len(devices) if kind == "cpu" else None)
             pools = RayPools(placement, c, model_path=c.model.path, run_dir=self.run_dir)
-            self.echo(f"set-up done in {time.monotonic() - t0:.1f} s (controller {url}, engines {pools.urls})")
-            summary = anyio.run(self._main, url, pools, sampler)
+            self.echo(f"set-up done in {time.monotonic() - t0:.1f} s (controller {url}, engines {pools.urls}, "
+                      f"learner rank 0 at {pools.learner_address})")
+            try:
+                summary = anyio.run(self._main, url, pools, sampler)
+            except Exception as exc:  # task groups wrap errors: report ours as the one sentence it is
+                inner = _single_error(exc)
+                if inner is not exc and isinstance(inner, AgentrlError):
+                    raise inner from None
+                raise
             if self.aborted:
                 raise KeyboardInterrupt
             return summary
@@ -127,32 +135,35 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------
 
     async def _main(self, url: str, pools: Any, sampler: Any) -> dict[str, Any]:
-        from transformers import AutoTokenizer
-
         from agentrl_core.env.client import ControllerClient
         from agentrl_core.rollout.agent_loop import LoopSettings
         from agentrl_core.rollout.engine_client import EnginePool
+        from agentrl_core.rollout.tokenizer import load_tokenizer
         from agentrl_core.train.buffer import GroupBuffer
         from agentrl_core.train.task_stream import StreamTask, TaskStream
 
         c = self.config
         self.pools = pools
         self.learner_lock = anyio.Lock()  # one learner call at a time: ranks must see the same order
-        self.heal_lock = anyio.Lock()
-        self.health_failures: dict[str, int] = {}
-        self.engine_restarts = 0
-        self.tokenizer = AutoTokenizer.from_pretrained(c.model.path)
-        await pools.all_ranks("connect", pools.urls, pools.learner_address)
+        self.tokenizer = load_tokenizer(c.model.path, c.model)
+        await self._learners("connect", pools.urls, pools.learner_address, pools.ranks_per_engine,
+                             what="forming the weight-update groups")
         async with ControllerClient(url) as client:
             self.client = client
-            self.engine_pools = {name: EnginePool(name, urls) for name, urls in pools.urls.items()}
+            self.engine_pools = {name: EnginePool(name, urls, timeout=c.engine.request_timeout,
+                                                  health_timeout=c.engine.health_timeout)
+                                 for name, urls in pools.urls.items()}
+            self.watchdog = EngineWatchdog(self.engine_pools, restart=self._restart_engine,
+                                           interval=c.engine.health_check_interval,
+                                           unhealthy_checks=c.engine.unhealthy_checks, max_restarts=c.engine.max_restarts)
             tasks = [StreamTask.from_config(t, await client.get_indices(t.task_name)) for t in c.tasks]
             self.stream = TaskStream(tasks, c.rollout.n_samples, seed=c.run.seed)
             await self._maybe_resume()
             self.metrics_out = self._loggers()
-            sync = await pools.all_ranks("sync", [p.name for p in self.pool_specs], self.step)
+            sync = await self._learners("sync", [p.name for p in self.pool_specs], self.step,
+                                        what="the initial weight sync")
             self.echo(f"initial weights synced to {', '.join(p.name for p in self.pool_specs)} "
-                      f"({sync[0].get('weight_sync/current/seconds', 0.0):.2f} s)")
+                      f"({sync.get('weight_sync/current/seconds', 0.0):.2f} s)")
             batch_traj = c.rollout.batch_size * c.rollout.n_samples
             self.buffer = GroupBuffer(c.rollout.n_samples, max(batch_traj, math.ceil(c.rollout.buffer_max_factor * batch_traj)),
                                       max_infra_retries=c.rollout.max_infra_retries)
@@ -167,6 +178,8 @@ class Trainer:
                 agent_loop=self.agent_loop, buffer=self.buffer, stream=self.stream, concurrency=c.rollout.concurrency,
                 batch_groups=c.rollout.batch_size, staleness_bound=c.rollout.staleness_bound,
                 learner_step=lambda: self.step,
+                max_consecutive_drops=c.rollout.max_consecutive_dropped_groups or default_max_consecutive_drops(
+                    c.rollout.batch_size, c.rollout.concurrency, c.rollout.n_samples),
             )
             self.estimator = self.registry.build("advantage_estimator", c.advantage.estimator,
                                                  c.advantage.options.get(c.advantage.estimator))
@@ -177,7 +190,7 @@ class Trainer:
                     if c.logging.progress else None
                 summary: dict[str, Any] = {}  # set by _finish; an aborted run raises instead
                 async with anyio.create_task_group() as watch:
-                    watch.start_soon(self._watch_engines)
+                    watch.start_soon(self.watchdog.run)
                     if threading.current_thread() is threading.main_thread():
                         watch.start_soon(self._watch_signals, watch.cancel_scope)
                     if self.progress is not None:
@@ -200,7 +213,7 @@ class Trainer:
         batch = c.rollout.batch_size * c.rollout.n_samples
         first = True
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self.manager.run_forever)
+            tg.start_soon(self._produce, tg.cancel_scope)
             while self.step < c.train.total_steps and not self.stop_requested:
                 t0 = time.monotonic()
                 minimum = warmup_minimum(batch, c.rollout.warmup_factor, c.rollout.n_samples) if first else batch
@@ -213,6 +226,17 @@ class Trainer:
                 self.manager.notify_step()
             tg.cancel_scope.cancel()
         self.buffer.close()
+        if self.manager.circuit_error is not None:
+            raise self.manager.circuit_error
+
+    async def _produce(self, learner_scope: anyio.CancelScope) -> None:
+        """The rollout manager beside the learner; when its circuit opens, the learner stops waiting too."""
+        from agentrl_core.train.rollout_manager import RolloutCircuitOpen
+
+        try:
+            await self.manager.run_forever()
+        except RolloutCircuitOpen:
+            learner_scope.cancel()  # _run_async raises it once the task group is done
 
     async def _run_sync(self) -> None:
         c = self.config
@@ -258,7 +282,7 @@ class Trainer:
         t_sync = time.monotonic()
         metrics: dict[str, Any] = {
             "step": self.step,
-            "engine/restarts": float(self.engine_restarts),
+            "engine/restarts": float(self.watchdog.restarts),
             **batch_metrics(trajectories, version),
             # action tokens per version lag, and turns regenerated after a weight-sync abort (wasted decoding)
             **{f"version_lag/tokens/{lag}": float(n) for lag, n in lag_histogram(trajectories, version).items()},
@@ -291,52 +315,47 @@ class Trainer:
 
     # -- weight sync and engine failures ----------------------------------------------------------
 
+    sync_margin_s = 30.0
+
+    async def _learners(self, method: str, *args: Any, what: str) -> Any:
+        """A weight-sync call on every learner rank, within twice ``weight_sync.timeout_s`` (rank 0's
+        transport keeps its own deadline; a collective stuck past it gets the group's timeout once
+        more) plus a margin; past it the run stops with an error instead of hanging."""
+        limit = 2 * self.config.weight_sync.timeout_s + self.sync_margin_s
+        try:
+            with anyio.fail_after(limit):
+                return (await self.pools.all_ranks(method, *args))[0]
+        except TimeoutError:
+            raise WeightSyncTimeout(f"{what} did not finish within {limit:g} s (2 x weight_sync.timeout_s + "
+                                    f"{self.sync_margin_s:g} s); a learner rank or an engine is stuck: see the run's "
+                                    "logs/") from None
+
     async def _sync(self, pool_names: list[str]) -> dict[str, float]:
         """Push the current weights to ``pool_names``; a dead engine is restarted and the sync retried."""
+        what = f"the weight sync of step {self.step} to {', '.join(pool_names)}"
         try:
-            async with self.learner_lock:
-                return (await self.pools.all_ranks("sync", pool_names, self.step))[0]
+            async with self.watchdog.suspended(), self.learner_lock:
+                return await self._learners("sync", pool_names, self.step, what=what)
+        except WeightSyncTimeout:
+            raise
         except Exception as exc:
             log.warning("weight sync to %s failed (%s); checking the engines", pool_names, exc)
-            # restarts dead engines (or waits for the watchdog's restart), then one more try
-            await self._heal_engines(checks_needed=1)
-            async with self.learner_lock:
-                return (await self.pools.all_ranks("sync", pool_names, self.step))[0]
+            # the pool was left paused: ask whether the engines live (not /health, which would
+            # wait on the pause), restart the dead ones, then one more try
+            await self.watchdog.check(checks_needed=1, probe="alive")
+            async with self.watchdog.suspended(), self.learner_lock:
+                return await self._learners("sync", pool_names, self.step, what=what)
 
-    async def _watch_engines(self) -> None:
-        """Restart engines that stop answering /health, then give them the current weights."""
-        interval = self.config.engine.health_check_interval
-        while True:
-            await anyio.sleep(interval)
-            await self._heal_engines(checks_needed=self.config.engine.unhealthy_checks)
-
-    async def _heal_engines(self, *, checks_needed: int) -> bool:
-        async with self.heal_lock:  # the watchdog and a failed sync must not restart one engine twice
-            return await self._heal_engines_locked(checks_needed)
-
-    async def _heal_engines_locked(self, checks_needed: int) -> bool:
-        failures = self.health_failures
-        healed = False
-        for name, pool in self.engine_pools.items():
-            status = await pool.health()
-            for url, ok in list(status.items()):
-                failures[url] = 0 if ok else failures.get(url, 0) + 1
-                if failures[url] < checks_needed:
-                    continue
-                if self.engine_restarts >= self.config.engine.max_restarts:
-                    raise AgentrlError(f"engine {url} of pool {name!r} is down and engine.max_restarts "
-                                       f"({self.config.engine.max_restarts}) restarts were already used")
-                self.engine_restarts += 1
-                log.warning("engine %s of pool %s is not answering; restarting it", url, name)
-                new_url = await self.pools.relaunch(name, url)
-                pool.replace_engine(url, new_url)
-                failures.pop(url, None)
-                async with self.learner_lock:
-                    await self.pools.all_ranks("connect", {name: self.pools.urls[name]}, self.pools.learner_address)
-                    await self.pools.all_ranks("sync", [name], self.step)
-                self.echo(f"engine {url} of pool {name} restarted as {new_url} with weights of step {self.step}")
-                healed = True
-        return healed
+    async def _restart_engine(self, name: str, url: str) -> str:
+        """Relaunch a dead engine in its bundle, swap it into its pool, and give it the current weights."""
+        new_url = await self.pools.relaunch(name, url)
+        self.engine_pools[name].replace_engine(url, new_url)
+        async with self.watchdog.suspended(), self.learner_lock:
+            await self._learners("connect", {name: self.pools.urls[name]}, self.pools.learner_address,
+                                 self.pools.ranks_per_engine, what=f"rejoining pool {name} to its weight-update group")
+            await self._learners("sync", [name], self.step, what=f"the weight sync to the restarted engine of {name}")
+        self.echo(f"engine {url} of pool {name} restarted as {new_url} with weights of step {self.step}")
+        return new_url
 
     # -- metrics, validation, checkpoints -------------------------------------------------------
 
@@ -364,9 +383,9 @@ class Trainer:
         out: dict[str, float] = {}
         for name, pool in self.engine_pools.items():
             fractions = []
-            for url, engine in pool.engines.items():
+            for url, engine in list(pool.engines.items()):
                 try:
-                    info = await engine.server_info()
+                    info = await engine.server_info(timeout=self.config.engine.health_timeout)
                 except Exception as exc:  # an engine that died shows up as failures elsewhere
                     log.warning("engine %s: %s", url, exc)
                     continue
@@ -467,6 +486,17 @@ class Trainer:
         self.echo("\ntraining, per task (first and last step):\n" + training_table(self.history))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         return summary
+
+
+class WeightSyncTimeout(AgentrlError):
+    """A weight-sync call on the learner ranks did not finish in time."""
+
+
+def _single_error(exc: BaseException) -> BaseException:
+    """The one error inside nested single-member exception groups (task groups wrap what they raise)."""
+    while isinstance(getattr(exc, "exceptions", None), tuple) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _truncate_log(path: Path, step: int) -> None:
