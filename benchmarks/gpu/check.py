@@ -9,12 +9,20 @@
    64 streams in bf16.
 2. ``engine_disk_update``: pause -> update_weights_from_disk (perturbed weights) -> continue;
    new tokens carry version 1 and match the new weights.
-3. ``fsdp_step`` and ``weight_sync`` (``learner_hooks.py``): one FSDP2 step (bf16 params, fp32
-   reduce on CUDA); the collective transport into an engine process (NCCL with two GPUs, gloo
-   with one), checked by the engine's log-probs under the learner's new weights.
+3. ``fsdp_step`` and ``weight_sync_tp1`` (``learner_hooks.py``): one FSDP2 step (bf16 params,
+   fp32 reduce on CUDA); the collective transport into an hf engine process (NCCL with two
+   GPUs, gloo with one; weights in bf16 as ``weight_sync.dtype: auto`` sends them), checked by
+   the engine's log-probs under the learner's new weights.
+4. ``placement`` (``cluster_hooks.py``): Ray places a learner rank and an hf engine as
+   ``agentrl train`` does; disjoint GPUs in async mode (two or more GPUs), the same GPU
+   colocated (one GPU); on CPU, disjoint cores.
+5. ``sglang_weight_sync_tp1`` / ``_tp2``: SGLang with TP 1 and 2 joins the learner's NCCL group
+   with every TP rank, receives bf16 weights, and its log-probs at temperature 0.8 match the
+   learner's new weights (needs ``sglang`` and TP + 1 GPUs, else reported as skipped).
 
 Writes ``benchmarks/results/gpu_check.json`` (or ``--out``). Runs on CPU too (``--device cpu``),
-which is how it is smoke-tested on machines without a GPU.
+which is how it is smoke-tested on machines without a GPU. One run on a one-GPU machine takes
+about 3-5 minutes (the SGLang steps are skipped there: they need two and three GPUs).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import cluster_hooks
 import learner_hooks
 
 from agentrl_core.rollout.engine_client import EngineClient, EnginePool
@@ -137,6 +146,7 @@ def main() -> int:
     parser.add_argument("--size", default="small", choices=["tiny", "small"])
     parser.add_argument("--model", default=None, help="a model directory (default: agentrl model init --size)")
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--only", nargs="*", default=None, help="run only these steps (default: all)")
     args = parser.parse_args()
     report = {"check": "gpu", "date": dt.datetime.now().isoformat(timespec="seconds"), "device": args.device,
               "machine": {"platform": platform.platform(), "torch": torch.__version__,
@@ -154,9 +164,15 @@ def main() -> int:
                 model_dir, args.device, vocab, "bfloat16" if args.device.startswith("cuda") else "float32"),
             "engine_disk_update": lambda: engine_disk_update(model_dir, args.device, workdir),
             "fsdp_step": lambda: hook("fsdp_step", learner_hooks.fsdp_step, args.device, workdir, model_dir),
-            "weight_sync": lambda: hook("weight_sync", learner_hooks.weight_sync, args.device, workdir, model_dir, ""),
+            "weight_sync_tp1": lambda: hook("weight_sync", learner_hooks.weight_sync, args.device, workdir, model_dir,
+                                            ""),
+            "placement": lambda: cluster_hooks.placement(args.device, workdir, model_dir),
+            "sglang_weight_sync_tp1": lambda: cluster_hooks.sglang_weight_sync(args.device, workdir, model_dir, 1),
+            "sglang_weight_sync_tp2": lambda: cluster_hooks.sglang_weight_sync(args.device, workdir, model_dir, 2),
         }
         for name, step in steps.items():
+            if args.only and name not in args.only:
+                continue
             start = time.perf_counter()
             try:
                 result = step()

@@ -60,7 +60,7 @@ def fsdp_step(device: str, workdir: Path, model_dir: Path) -> dict[str, Any]:
 
 
 def weight_sync(device: str, workdir: Path, model_dir: Path, engine_url: str) -> dict[str, Any]:
-    """Send the learner's weights to an hf engine process with the collective transport.
+    """Send the learner's weights to an hf engine process (TP 1) with the collective transport.
 
     The engine runs in its own process (a process cannot be two ranks of one group). NCCL
     cannot put two ranks on one GPU either, so with a single GPU the group uses gloo (the
@@ -74,7 +74,7 @@ def weight_sync(device: str, workdir: Path, model_dir: Path, engine_url: str) ->
     from agentrl_core.config import EngineConfig
     from agentrl_core.rollout.engine_client import EngineClient
     from agentrl_core.rollout.hf_driver import HFDriver
-    from agentrl_core.train.weight_sync import CollectiveTransport
+    from agentrl_core.train.weight_sync import CollectiveTransport, transfer_dtype
 
     learner = _learner(model_dir, device)
     learner.train_step(_samples(learner.config.vocab_size))  # the weights now differ from the files
@@ -83,13 +83,15 @@ def weight_sync(device: str, workdir: Path, model_dir: Path, engine_url: str) ->
     backend = "nccl" if two_gpus else "gloo"
     engine = EngineConfig(device="cuda" if on_gpu else "cpu")
     driver = HFDriver(engine=engine, log_dir=str(workdir / "engine_logs"))
+    # what agentrl train sends: weight_sync.dtype auto = model.dtype (bf16) on GPU, fp32 on CPU
+    dtype = transfer_dtype("auto", model_dtype="bfloat16", device_kind="cuda" if on_gpu else "cpu")
     try:
         url = driver.launch("sync_check", str(model_dir), [[1]] if two_gpus else [])[0]
-        transport = CollectiveTransport(backend=backend, bucket_mb=1.0)
+        transport = CollectiveTransport(backend=backend, bucket_mb=1.0, dtype=dtype)
         transport.connect("127.0.0.1", [url])
         stats = transport.send(learner.named_full_tensors(), 1)
         transport.close()
-        expected = {name: t.float().cpu() for name, t in learner.named_full_tensors()}
+        expected = {name: t.to(dtype).float().cpu() for name, t in learner.named_full_tensors()}
         prompt = list(range(5, 45))
 
         async def probe() -> tuple[Any, Any]:
@@ -110,6 +112,7 @@ def weight_sync(device: str, workdir: Path, model_dir: Path, engine_url: str) ->
     return {
         "ok": str(reported) == "1" and worst < (1e-3 if on_gpu else 1e-4),
         "backend": backend,
+        "transfer_dtype": str(dtype).removeprefix("torch."),
         "weight_version_after": reported,
         "max_logprob_diff_vs_new_weights": worst,
         **{k: float(v) for k, v in stats.items()},
