@@ -10,8 +10,7 @@ Needs agentrl-env-os installed and the Docker engine with the task images
    recorded either way;
 2. the oracle over the full ``std`` set (``--quick``: 30 tasks) at concurrency 8: reward-1
    rate, every miss with its cause, episodes per minute, and the container-ready latency
-   (container created and started or taken from the warm pool, shell answering) of every
-   episode;
+   (container created and started or taken from the warm pool) of every episode;
 3. container-ready latency of sequential episodes, without and with the warm pool;
 4. episodes per minute at concurrency 8 for long episodes (7 shell commands, then an answer);
 5. leaks through the real control plane: ``agentrl controller`` and two ``agentrl worker``
@@ -21,6 +20,16 @@ Needs agentrl-env-os installed and the Docker engine with the task images
    containers (before and after the graceful shutdown).
 
 The machine is shared: the load average before and after each phase is recorded.
+
+    python benchmarks/env_os.py --fidelity [--transcripts DIR] [--models a,b] [--distros ubuntu,debian]
+
+measures instead how close the containers come to upstream's (``agentrl_env_os.fidelity``), for
+the images of each distribution (``ubuntu``, the default, and ``debian``, the earlier one; missing
+images are built): image probes; every std task's example script (upstream's own check command)
+after the task's init scripts, compared across the images and with the values upstream's runs
+printed; and, given a folder of AgentBench-FC run logs (``<model>/os-std/runs.jsonl``, not part of
+this repository), the recorded bash commands replayed with each output compared with upstream's.
+Output: ``benchmarks/results/env_os_fidelity.json``.
 """
 
 from __future__ import annotations
@@ -58,7 +67,8 @@ KNOWN_CAUSES = {
     ("train", 390): SIZE_MATCH_DEFECT,
     ("std", 26): "sandbox limit: the init script `echo 123321>/var/tmp.log` redirects file descriptor 123321, but this "
         "machine caps open files at 20000 (no CAP_SYS_RESOURCE, so dockerd cannot raise it); upstream hosts allow "
-        "1048576. tests/ci_setup.sh raises the limit where the kernel permits.",
+        "1048576. tests/ci_setup.sh raises the limit where the kernel permits; environments.os.open_files sets it "
+        "per container where the host allows.",
 }
 QUICK_SUBSET = [0, 5, 7, 9, 11, 12, 13, 14, 16, 17, 18, 21, 22, 24, 27, 28, 34, 35, 36, 37, 38, 39, 42, 44, 47,
                 49, 52, 55, 56, 60]
@@ -185,8 +195,9 @@ async def sequential_latency(n: int, warm_pool: int) -> dict:
         await env.aclose()
     return {"warm_pool": warm_pool, "from_warm_pool": warm,
             "container_ready_s": summary(ready), "start_s": summary(start), "close_s": summary(close),
-            "note": "container ready = container created and started (or taken from the warm pool and renamed) "
-                    "+ interactive shell answering; start_s adds opening the session and the prompt",
+            "note": "container ready = container created and started (or taken from the warm pool and renamed); "
+                    "the agent's shell opens after the init scripts, as upstream's; start_s adds the init "
+                    "scripts (none for this task), the shell and the prompt",
             "load_before": load_before, "load_after": load()}
 
 
@@ -410,6 +421,69 @@ async def leak_run(episodes: int, concurrency: int, seed: int = 0) -> dict:
             "docker_ps_a_ours": [c["Names"] for c in after], "load_before": load_before, "load_after": load()}
 
 
+# -- fidelity to upstream's containers ---------------------------------------------------------
+
+
+def fidelity(distros: list[str], transcripts: str | None, models: list[str] | None, concurrency: int) -> dict:
+    from agentrl_env_os import fidelity as fid
+
+    out: dict = {"distros": {}}
+    recorded = fid.read_runs(transcripts) if transcripts else []
+    if models:
+        recorded = [e for e in recorded if e.model in models]
+    examples = {}
+
+    def measure(distro: str, fn) -> object:
+        async def main():  # one environment per event loop
+            env = OSEnvironment(OSConfig(distro=distro, concurrency=concurrency, warm_pool=0))
+            try:
+                return await fn(env)
+            finally:
+                await env.aclose()
+
+        return anyio.run(main)
+
+    for distro in distros:
+        api = OSEnvironment(OSConfig(distro=distro)).backend.api
+        api.timeout = 3600
+        builder = ImageBuilder(api, distro=distro, say=lambda s: print("  " + s, flush=True))
+        builder.build(IMAGE_NAMES)
+        section: dict = {"images": {n: builder.ref(n) for n in IMAGE_NAMES}, "load_before": load()}
+        print(f"{distro}: probes ...", flush=True)
+        section["probes"] = measure(distro, fid.probe)
+        print(f"{distro}: example scripts of the std tasks ...", flush=True)
+        t0 = time.monotonic()
+        examples[distro] = measure(distro, lambda env: fid.example_outputs(env, range(144), concurrency=concurrency))
+        section["example_seconds"] = round(time.monotonic() - t0, 1)
+        section["example_outputs"] = examples[distro]
+        section["upstream_observed"] = fid.upstream_agreement(examples[distro])
+        print(f"  upstream's printed values: {section['upstream_observed']['same']}/{section['upstream_observed']['of']}",
+              flush=True)
+        if recorded:
+            print(f"{distro}: replaying {len(recorded)} recorded episodes ...", flush=True)
+            t0 = time.monotonic()
+            results = measure(distro, lambda env: fid.replay_all(env, recorded, concurrency=concurrency))
+            by_model: dict[str, list] = {}
+            for r in results:
+                by_model.setdefault(r.episode.model, []).append(r)
+            section["replay"] = {
+                "seconds": round(time.monotonic() - t0, 1),
+                "all": fid.summarize(results),
+                "by_model": {m: fid.summarize(rs) for m, rs in sorted(by_model.items())},
+                # Which episodes differ (the recorded text is third-party data and stays out of the file).
+                "differing_episodes": sorted(
+                    [r.episode.model, r.episode.index] for r in results if r.first_difference),
+            }
+            a = section["replay"]["all"]
+            print(f"  all outputs the same in {a['all_outputs_same']}/{a['scored']} episodes; "
+                  f"commands {a['command_outputs']}", flush=True)
+        section["load_after"] = load()
+        out["distros"][distro] = section
+    if len(distros) == 2:
+        out["example_outputs_compared"] = fid.compare_examples(*(examples[d] for d in distros))
+    return out
+
+
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -425,7 +499,23 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="30 std tasks, a 40-episode leak run")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the images from scratch and time it")
     parser.add_argument("--out", help="output JSON (default benchmarks/results/env_os[_quick].json)")
+    parser.add_argument("--fidelity", action="store_true", help="compare the containers with upstream's instead")
+    parser.add_argument("--distros", default="debian,ubuntu", help="with --fidelity: image distributions to measure")
+    parser.add_argument("--transcripts", help="with --fidelity: a folder of AgentBench-FC run logs to replay")
+    parser.add_argument("--models", help="with --transcripts: only these model folders (comma-separated)")
     args = parser.parse_args()
+    if args.fidelity:
+        out = Path(args.out or ROOT / "benchmarks" / "results" / "env_os_fidelity.json")
+        result = {"benchmark": "env_os_fidelity",
+                  "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "docker": docker_info()},
+                  "transcripts": bool(args.transcripts),
+                  **fidelity(args.distros.split(","), args.transcripts,
+                             args.models.split(",") if args.models else None, concurrency=4)}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out}")
+        return 0
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"env_os{'_quick' if args.quick else ''}.json")
     result: dict = {
         "benchmark": "env_os", "quick": args.quick,
