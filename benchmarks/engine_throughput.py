@@ -12,6 +12,12 @@ For each model size (``agentrl model init --size tiny|small``, fp32, CPU):
   is the steady rate while all N streams are active (from the engine's token counter);
   ``tokens_per_s_overall`` includes the ramp-up and the tail where streams run out.
 
+With ``--engines hf vllm`` (in an environment with ``agentrl-engine-vllm`` and vLLM: see
+plugins/agentrl-engine-vllm/README.md) the same static batch and streams also run against a
+vLLM server behind the vllm driver (fp32, eager; column ``vllm`` of each size), before the hf
+engine's measurements; e.g. ``--sizes tiny --rounds 1 --streams 1 32 --engines hf vllm --out
+benchmarks/results/engine_throughput_vllm.json``.
+
 Targets (issue 4): at 32 streams >= 5x ``hf_sequential`` and >= 70 % of ``hf_static_batch``.
 The CPU is shared with other work and its load drifts, so the four measurements the targets
 use run in alternating rounds (``--rounds``, the engine idle while transformers runs) and the
@@ -19,6 +25,7 @@ targets use their medians; every round and the load average are in the JSON. Eve
 the same number of torch threads.
 
     python benchmarks/engine_throughput.py [--quick] [--sizes tiny small] [--threads 1] [--rounds 3]
+        [--engines hf vllm]
 """
 
 from __future__ import annotations
@@ -153,36 +160,43 @@ def bench_size(size: str, args: argparse.Namespace, workdir: Path) -> dict:
                                                            dtype="float32"))
     rounds: dict[str, list[dict]] = {"hf_sequential": [], "hf_static_batch": [], "engine_static_batch": [],
                                      "engine_streams_32": []}
+    def engine_static(url: str) -> dict:
+        static = anyio.run(run_streams, url, [[(row.tolist(), new)] for row in batch], 0.0)
+        static["tokens_per_s"] = static.pop("tokens_per_s_overall")  # like hf_static_batch: prefill included
+        static.pop("steady_window_s")
+        return static
+
+    def engine_streams(url: str, n: int) -> dict:
+        streams = [make_requests(rng, vocab, args.requests_per_stream, prompt, new, varied=True)
+                   for _ in range(n)]
+        stats0 = anyio.run(server_stats, url)
+        result = anyio.run(run_streams, url, streams, args.stagger)
+        stats1 = anyio.run(server_stats, url)
+        if "decode_steps" not in stats1:  # vLLM does not report its steps
+            return result
+        steps = stats1["decode_steps"] - stats0["decode_steps"]
+        generated = stats1["generated_tokens"] - stats0["generated_tokens"]
+        return {**result, "mean_batch": round(generated / max(steps, 1), 1)}
+
+    if "vllm" in args.engines:
+        out["vllm"] = bench_vllm(model_dir, workdir / f"logs-vllm-{size}", args, engine_static, engine_streams,
+                                 measure)
+    if "hf" not in args.engines:
+        return out
     with HFDriver(config, log_dir=str(workdir / f"logs-{size}")) as driver:
         [url] = driver.launch("bench", str(model_dir), ["cpu"])
         anyio.run(run_streams, url, [[(batch[0].tolist(), 4)]], 0.0)  # warm-up
 
-        def engine_static() -> dict:
-            static = anyio.run(run_streams, url, [[(row.tolist(), new)] for row in batch], 0.0)
-            static["tokens_per_s"] = static.pop("tokens_per_s_overall")  # like hf_static_batch: prefill included
-            static.pop("steady_window_s")
-            return static
-
-        def engine_streams(n: int) -> dict:
-            streams = [make_requests(rng, vocab, args.requests_per_stream, prompt, new, varied=True)
-                       for _ in range(n)]
-            stats0 = anyio.run(server_stats, url)
-            result = anyio.run(run_streams, url, streams, args.stagger)
-            stats1 = anyio.run(server_stats, url)
-            steps = stats1["decode_steps"] - stats0["decode_steps"]
-            generated = stats1["generated_tokens"] - stats0["generated_tokens"]
-            return {**result, "mean_batch": round(generated / max(steps, 1), 1)}
-
         for r in range(args.rounds):
             rounds["hf_sequential"].append(measure(hf_sequential))
             rounds["hf_static_batch"].append(measure(hf_static))
-            rounds["engine_static_batch"].append(measure(engine_static))
-            rounds["engine_streams_32"].append(measure(lambda: engine_streams(32)))
+            rounds["engine_static_batch"].append(measure(lambda: engine_static(url)))
+            rounds["engine_streams_32"].append(measure(lambda: engine_streams(url, 32)))
             print(f"  {size} round {r + 1}: " + ", ".join(
                 f"{k} {v[-1]['tokens_per_s']}" for k, v in rounds.items()), flush=True)
         for n in args.streams:
             if n != 32:
-                out[f"engine_streams_{n}"] = measure(lambda n=n: engine_streams(n))
+                out[f"engine_streams_{n}"] = measure(lambda n=n: engine_streams(url, n))
                 print(f"  {size} streams={n}: {out[f'engine_streams_{n}']['tokens_per_s']} tok/s", flush=True)
     for name, results in rounds.items():
         out[name] = {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in results), "rounds": results}
@@ -197,6 +211,30 @@ def bench_size(size: str, args: argparse.Namespace, workdir: Path) -> dict:
     return out
 
 
+def bench_vllm(model_dir: Path, log_dir: Path, args: argparse.Namespace, engine_static, engine_streams,
+               measure) -> dict:
+    """The same engine measurements against a vLLM server (agentrl-engine-vllm), fp32, eager.
+
+    vLLM's CPU backend binds its compute threads itself (VLLM_CPU_OMP_THREADS_BIND=auto: one
+    core of the two here, the other left to its front end), so ``--threads`` does not apply.
+    """
+    from agentrl_engine_vllm.driver import VLLMDriver
+
+    config = EngineConfig(driver="vllm", device="cpu", options={"vllm": {"dtype": "float32", "max_num_seqs": 64,
+                                                                        "max_model_len": 1024}})
+    out: dict = {}
+    with VLLMDriver(engine=config, log_dir=str(log_dir)) as driver:
+        start = time.perf_counter()
+        [url] = driver.launch("bench", str(model_dir), [])
+        out["startup_s"] = round(time.perf_counter() - start, 1)
+        anyio.run(run_streams, url, [[([1, 2, 3, 4], 4)]], 0.0)  # warm-up
+        out["engine_static_batch"] = measure(lambda: engine_static(url))
+        for n in args.streams:
+            out[f"engine_streams_{n}"] = measure(lambda n=n: engine_streams(url, n))
+            print(f"  vllm streams={n}: {out[f'engine_streams_{n}']['tokens_per_s']} tok/s", flush=True)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny only, fewer and shorter requests")
@@ -205,6 +243,8 @@ def main() -> int:
                         help="torch threads of every run (1: on a shared machine OpenMP spinning distorts more)")
     parser.add_argument("--streams", nargs="+", type=int, default=[1, 8, 32, 64])
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3, quick 2)")
+    parser.add_argument("--engines", nargs="+", default=["hf"], choices=["hf", "vllm"],
+                        help="vllm needs agentrl-engine-vllm and vLLM installed (plugins/agentrl-engine-vllm)")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     args.sizes = args.sizes or (["tiny"] if args.quick else ["tiny", "small"])
@@ -222,14 +262,16 @@ def main() -> int:
                        "rounds": args.rounds,
                        "stagger_s": args.stagger, "prompt_tokens": "uniform [P/2, 3P/2] per request",
                        "new_tokens": "uniform [G/2, 3G/2] per request (streams); G (static)",
-                       "dtype": "float32", "temperature": 1.0},
+                       "dtype": "float32", "temperature": 1.0, "engines": args.engines},
         "sizes": {},
     }
     with tempfile.TemporaryDirectory(prefix="engine-bench-") as tmp:
         for size in args.sizes:
             print(f"benchmarking {size} ...", flush=True)
             results["sizes"][size] = bench_size(size, args, Path(tmp))
-            t = results["sizes"][size]["targets"]
+            t = results["sizes"][size].get("targets")
+            if t is None:
+                continue
             print(f"  {size}: 32 streams = {t['streams32_vs_sequential']}x sequential, "
                   f"{t['streams32_vs_static_batch']} of the static batch", flush=True)
     out = Path(args.out)
