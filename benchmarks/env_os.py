@@ -59,8 +59,8 @@ from agentrl_core.env import assistant_tool_call, play_episode
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZE_MATCH_DEFECT = (
-    "task data: the checker size-match.py parses the example's own output (`du -h` style '8.0K') with "
-    "int('8.0') and fails, so no answer can pass (the same with upstream)"
+    "debian images only: the checker size-match.py parses `du -sh /home` ('8.0K' for the empty /home) with "
+    "int('8.0') and fails; the ubuntu images have /home/ubuntu as upstream's, du prints '24K' and the answer passes"
 )
 KNOWN_CAUSES = {
     ("dev", 8): SIZE_MATCH_DEFECT,
