@@ -1,6 +1,6 @@
 """The ``vllm`` engine driver: one vLLM server per engine, each behind agentrl's engine protocol.
 
-``launch(pool, model_path, devices)`` starts ``python -m agentrl_engine_vllm.front`` once
+``launch(pool, model_path, devices)`` starts ``python -m agentrl_engine_vllm.serve`` once
 per entry of ``devices`` (the same entries as the hf driver: a list of CPU cores, pinned,
 or of GPU ids, ``CUDA_VISIBLE_DEVICES``; ``[]`` starts ``engine.num_engines`` unpinned
 engines). Each front starts its vLLM server, waits for it, and announces its own URL in a
@@ -30,8 +30,8 @@ from agentrl_core.rollout.hf_driver import (
     resolve_device_kind,
     wait_healthy,
 )
-from agentrl_engine_vllm.front import MISSING_VLLM
 from agentrl_engine_vllm.options import VLLMOptions, options_from
+from agentrl_engine_vllm.serve import MISSING_VLLM
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class VLLMDriver:
     def command(self, model_path: str, slot: dict[str, Any], port_file: Path, name: str,
                 index: int = 0) -> tuple[list[str], dict]:
         options = self.engine_options(slot["device"], index)
-        cmd = [self.python, "-m", "agentrl_engine_vllm.front", "--model", str(model_path), "--host", self.host,
+        cmd = [self.python, "-m", "agentrl_engine_vllm.serve", "--model", str(model_path), "--host", self.host,
                "--port", "0", "--port-file", str(port_file), "--served-model-name", name,
                "--device", slot["device"], "--weight-version", str(self.weight_version),
                "--python", self.python, "--options", json.dumps(options)]
