@@ -32,8 +32,9 @@ and the weight updater of 0.5.x were read for each point):
 * ``/destroy_weights_update_group``, ``/get_server_info`` (server arguments,
   ``internal_states``, ``version``), ``/get_model_info``, ``/flush_cache`` (400 while
   requests run, as SGLang) are served;
-* ``GET /double/requests`` (test-only) returns every request body received, by route, and
-  ``GET /double/state`` the environment, groups and received tensors.
+* ``GET /double/requests`` (test-only) returns every request body received, by route,
+  ``GET /double/state`` the environment, groups, received tensors and the admin calls in
+  order, and ``POST /double/config {load_s}`` sets the load time of a weight update.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class FakeSGLang:
         self.ready_at = time.monotonic() + float(os.environ.get("SGLANG_DOUBLE_STARTUP_S", "0.5"))
         self.health_timeout = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
         self.prefill_s = float(os.environ.get("SGLANG_DOUBLE_PREFILL_S_PER_TOKEN", "0.0005"))
+        self.load_s = float(os.environ.get("SGLANG_DOUBLE_LOAD_S", "0"))
         self.paused = False
         self.updating = False
         self.gate = asyncio.Condition()  # new requests pass while neither paused nor updating
@@ -124,6 +126,7 @@ class FakeSGLang:
             ("POST", "/update_weights_from_distributed", self.update_distributed),
             ("POST", "/update_weights_from_disk", self.update_disk),
             ("GET", "/double/requests", self.requests), ("GET", "/double/state", self.state),
+            ("POST", "/double/config", self.configure),
         ]:
             self.app.route(method, path, handler)
 
@@ -279,7 +282,7 @@ class FakeSGLang:
             if not self.paused:
                 await self.idle.wait()  # SGLang's writer lock: running requests finish first
             received = await asyncio.gather(*[asyncio.to_thread(_receive, g, dtypes, shapes) for g in group.groups])
-            await asyncio.sleep(float(os.environ.get("SGLANG_DOUBLE_LOAD_S", "0")))  # loading into the model
+            await asyncio.sleep(self.load_s)  # loading into the model
         except Exception as exc:
             return _result(False, f"Failed to update parameter online: {exc}.")
         finally:
@@ -311,9 +314,15 @@ class FakeSGLang:
     async def requests(self, request: Request) -> dict:
         return self.received
 
+    async def configure(self, request: Request) -> dict:
+        body = request.json_object()
+        self.load_s = float(body.get("load_s", self.load_s))
+        return {"load_s": self.load_s}
+
     async def state(self, request: Request) -> dict:
         env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "SGLANG_RETURN_ORIGINAL_LOGPROB")}
-        return {"env": env, "argv": sys.argv[1:], "paused": self.paused, "weight_version": self.weight_version,
+        return {"env": env, "argv": sys.argv[1:], "paused": self.paused, "updating": self.updating,
+                "weight_version": self.weight_version,
                 "order": [r for r in self.order if r != "/generate"],
                 "groups": {n: {"ranks": g.ranks, "world_size": g.world_size} for n, g in self.groups.items()},
                 "tensors": self.tensors}

@@ -88,15 +88,14 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         """Set up every process, train, tear everything down; returns the final summary."""
         from agentrl_core.launch.control_plane import EmbeddedControlPlane
-        from agentrl_core.launch.placement import available_devices, plan_placement
+        from agentrl_core.launch.placement import plan_placement
         from agentrl_core.launch.ray_pools import RayPools, init_ray
 
         c = self.config
         config_path = self.write_config()
         sampler = self.build_sampler()
         self.pool_specs = sampler.pools()
-        kind = _device_kind(c.train.device)
-        devices = available_devices(kind, c.launch.num_gpus if kind == "cuda" else c.launch.num_cpus)
+        kind, devices = self.devices()
         placement = plan_placement(
             devices, self.pool_specs, kind=kind, mode=c.train.mode, rollout_ratio=c.engine.rollout_ratio,
             learner_ranks=c.train.world_size, engines_per_pool=c.engine.num_engines,
@@ -131,6 +130,24 @@ class Trainer:
                 pools.shutdown()
             if control is not None:
                 control.stop()
+
+    def devices(self) -> tuple[str, list[int]]:
+        """The device kind and the devices to place on: this machine's, or on a Ray cluster the
+        cluster's GPUs (the driver may run on a node without any)."""
+        from agentrl_core.launch.placement import available_devices
+
+        c = self.config
+        if c.launch.address and c.train.device != "cpu":
+            import ray
+
+            from agentrl_core.launch.ray_pools import init_ray
+
+            init_ray(c)
+            gpus = int(ray.cluster_resources().get("GPU", 0))
+            if c.train.device == "cuda" or gpus:
+                return "cuda", list(range(gpus))[: c.launch.num_gpus or None]
+        kind = _device_kind(c.train.device)
+        return kind, available_devices(kind, c.launch.num_gpus if kind == "cuda" else c.launch.num_cpus)
 
     # -- the loop ---------------------------------------------------------------------------
 
