@@ -79,8 +79,12 @@ class Front:
             ids = GenerationConfig.from_pretrained(model).eos_token_id
             eos.update(ids if isinstance(ids, list) else [ids] if ids is not None else [])
         self.eos_token_ids = sorted(int(t) for t in eos)
-        self.http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=socket_path), base_url="http://vllm",
-                                      timeout=httpx.Timeout(3600.0, connect=10.0), trust_env=False)
+        # idle connections are dropped here (60 s) before vLLM drops them (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, set
+        # to 300 s by serve.py): a request sent on a connection the server is closing fails unanswered
+        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024, keepalive_expiry=60.0)
+        self.http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=socket_path, limits=limits),
+                                      base_url="http://vllm", timeout=httpx.Timeout(3600.0, connect=10.0),
+                                      trust_env=False)
         self.weight_version: int | str = 0
         self.paused = False
         self.partial_update: str | None = None  # why continuing is refused (a failed or unverified update)
@@ -132,7 +136,7 @@ class Front:
         try:
             return await self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            state = "running" if self.child.alive() else f"exited with code {self.child.proc.returncode}"
+            state = "is running" if self.child.alive() else f"exited with code {self.child.proc.returncode}"
             raise HTTPError(503, f"the vLLM server is unreachable ({type(exc).__name__}; it {state})") from None
 
     async def _vllm_ok(self, method: str, path: str, payload: Any = None, **kwargs: Any) -> Any:

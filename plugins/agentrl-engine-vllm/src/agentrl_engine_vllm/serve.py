@@ -56,7 +56,8 @@ def vllm_command(args: argparse.Namespace, socket_path: str) -> tuple[list[str],
         cmd += ["--enforce-eager"]
     if options.get("gpu_memory_utilization") is not None:
         cmd += ["--gpu-memory-utilization", str(options["gpu_memory_utilization"])]
-    env = {"VLLM_SERVER_DEV_MODE": "1"}  # pause/resume, collective_rpc and the weight-transfer routes
+    env = {"VLLM_SERVER_DEV_MODE": "1",  # pause/resume, collective_rpc and the weight-transfer routes
+           "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "300"}  # longer than the front keeps idle connections (front.py)
     if args.device == "cuda":
         cmd += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     else:
