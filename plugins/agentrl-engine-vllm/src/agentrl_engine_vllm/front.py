@@ -229,6 +229,8 @@ class Front:
         return Response(b"", 200, [])
 
     async def model_info(self, request: Request) -> Any:
+        if not self.child.alive():  # core's watchdog asks /get_model_info whether a paused engine lives
+            raise HTTPError(503, f"the vLLM server exited with code {self.child.proc.returncode}")
         return {
             "model_path": self.model_path, "tokenizer_path": self.model_path,
             "served_model_name": self.served_model_name, "is_generation": True,
