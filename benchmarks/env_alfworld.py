@@ -15,6 +15,20 @@ Writes benchmarks/results/env_alfworld.json (or --out). Sections:
   process that is never replaced, which shows the engine's own growth.
 
 The machine is shared: the JSON records the load average before and after.
+
+    python benchmarks/env_alfworld.py --replay [--transcripts DIR] [--variants ...]
+
+replays conversations instead (``agentrl_env_alfworld.transcripts``) and writes
+benchmarks/results/env_alfworld_replay.json:
+
+* always, a self-check: oracle episodes on std games with mistakes and word-for-word repeated
+  turns, written through a client that keeps only new messages (as the third-party AgentBench
+  logs were), then replayed: with the lost turns restored every one must agree; replaying only
+  the recorded turns shows how often a lossy log misleads;
+* with ``--transcripts``, a folder of AgentBench-FC run logs (``<model>/alfworld-std/runs.jsonl``,
+  not part of this repository): each recorded episode replayed per variant
+  ``<termination>-<naive|restore>`` (default: agentrl-naive, upstream-naive, upstream-restore),
+  with agreement counts per model.
 """
 
 from __future__ import annotations
@@ -33,6 +47,7 @@ import anyio
 from agentrl_env_alfworld.config import AlfworldConfig
 from agentrl_env_alfworld.env import AlfworldEnvironment
 from agentrl_env_alfworld.oracle import miss_cause, play_oracle
+from agentrl_env_alfworld.transcripts import Transcript, message_key, read_runs, replay, summarize
 
 from agentrl_core.env import play_episode
 
@@ -216,6 +231,124 @@ async def main(args: argparse.Namespace, save) -> dict:
     return results
 
 
+# -- replays -------------------------------------------------------------------------------------
+
+
+async def lossy_log(env: AlfworldEnvironment, index: int, seed: int) -> tuple[Transcript, int]:
+    """An oracle episode with mistakes and word-for-word repeats, as a deduplicating client logs it."""
+    import random
+
+    rng = random.Random(seed)
+    agent = env.oracle("std", index, error_rate=0.25, seed=seed)
+    session = await env.open("std", index)
+    try:
+        step = await session.start()
+        conversation = list(step.messages)
+        while not step.finish:
+            turn = agent.act(conversation)
+            turn["tool_calls"][0]["id"] = "call_1"  # as an ollama model: every call id is the same
+            turn["content"] = f"Thought {len(conversation)}."
+            for _ in range(1 + (rng.random() < 0.25)):  # a quarter of the turns are sent twice
+                if step.finish:
+                    break
+                step = await session.step(turn)
+                conversation += [turn, *step.messages]
+    finally:
+        await session.close()
+    kept, seen = [], set()
+    for message in conversation:
+        if message_key(message) not in seen:
+            seen.add(message_key(message))
+            kept.append(message)
+    transcript = Transcript(model="synthetic", split="std", index=index, status=str(step.status), reward=step.reward,
+                            messages=kept[2:], init=kept[1]["content"])
+    return transcript, len(conversation) - len(kept)
+
+
+async def self_check(games: int, max_env_steps: int) -> dict:
+    env = AlfworldEnvironment(AlfworldConfig(concurrency=1))
+    try:
+        indices = spread(list(env.index_sets()["std"]), games)
+        logs = [await lossy_log(env, index, seed) for seed, index in enumerate(indices)]
+        restored = [await replay(env, t, max_env_steps=max_env_steps) for t, _ in logs]
+        naive = [await replay(env, t, restore_lost_turns=False) for t, _ in logs]
+    finally:
+        await env.aclose()
+    return {"games": len(indices), "messages_lost_in_the_logs": sum(n for _, n in logs),
+            "logs_that_lost_messages": sum(n > 0 for _, n in logs),
+            "restore": summarize(restored), "naive": summarize(naive),
+            "disagreements_restored": [{"index": r.transcript.index, "at": r.diverged_at, "expected": r.expected,
+                                        "got": r.got} for r in restored if not r.agrees]}
+
+
+async def replay_variant(transcripts: list[Transcript], variant: str, max_env_steps: int, concurrency: int) -> dict:
+    termination, _, how = variant.partition("-")
+    env = AlfworldEnvironment(AlfworldConfig(concurrency=concurrency, termination=termination))
+    playable = [t for t in transcripts if t.index in set(env.index_sets()[t.split])]
+    limiter = anyio.CapacityLimiter(concurrency)
+    results = []
+
+    async def one(t: Transcript) -> None:
+        async with limiter:
+            results.append(await replay(env, t, max_env_steps=max_env_steps, restore_lost_turns=how == "restore"))
+
+    began = time.perf_counter()
+    try:
+        async with anyio.create_task_group() as tg:
+            for t in playable:
+                tg.start_soon(one, t)
+    finally:
+        await env.aclose()
+    models = sorted({r.transcript.model for r in results})
+    report = {
+        "seconds": round(time.perf_counter() - began, 1),
+        "recorded_episodes": len(transcripts), "of_bundled_games": len(playable),
+        "all": summarize(results),
+        "by_model": {m: summarize(r for r in results if r.transcript.model == m) for m in models},
+        "disagreements": sorted(
+            ({"model": r.transcript.model, "index": r.transcript.index, "upstream": r.transcript.status,
+              "ours": r.status, "at": r.diverged_at, "search_exhausted": r.exhausted,
+              "expected": (r.expected or "")[:160], "got": (r.got or "")[:160]}
+             for r in results if not r.agrees), key=lambda d: (d["model"], d["index"]))[:40],
+    }
+    a = report["all"]
+    print(f"  {variant}: {a['agree']}/{a['episodes']} agree, status {a['status_agrees']}, "
+          f"upstream's wins won {a['upstream_won_and_won_here']}/{a['upstream_won']}", flush=True)
+    return report
+
+
+async def replay_runs(folder: str, variants: list[str], max_env_steps: int, concurrency: int) -> dict:
+    transcripts = read_runs(folder)
+    return {v: await replay_variant(transcripts, v, max_env_steps, concurrency) for v in variants}
+
+
+def replay_main(args: argparse.Namespace) -> None:
+    load_before = os.getloadavg()
+    began = time.time()
+    report: dict = {"benchmark": "env_alfworld_replay",
+                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count()},
+                    "parameters": {"self_check_games": args.replay_games, "max_env_steps": args.max_env_steps,
+                                   "transcripts": bool(args.transcripts), "variants": args.variants}}
+    print(f"self-check on {args.replay_games} std games ...", flush=True)
+    report["self_check"] = anyio.run(self_check, args.replay_games, args.max_env_steps)
+    c = report["self_check"]
+    print(f"  {c['messages_lost_in_the_logs']} messages lost in {c['logs_that_lost_messages']} logs; restored: "
+          f"{c['restore']['agree']}/{c['games']} agree, naive: {c['naive']['agree']}/{c['games']}", flush=True)
+    if args.transcripts:
+        print(f"replaying the run logs in {args.transcripts} ...", flush=True)
+        report["transcripts"] = anyio.run(replay_runs, args.transcripts, args.variants, args.max_env_steps,
+                                          args.concurrency)
+    report["machine"]["load_before"] = [round(x, 2) for x in load_before]
+    report["machine"]["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    report["wall_seconds"] = round(time.time() - began, 1)
+    default = str(ROOT / "results" / "env_alfworld.json")
+    out = Path(args.out if args.out != default else ROOT / "results" / "env_alfworld_replay.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="20 games per split, short runs")
@@ -225,7 +358,17 @@ if __name__ == "__main__":
     parser.add_argument("--max-games", default="", help="e.g. train=600,train-extra=200: games spread evenly over a split")
     parser.add_argument("--cache-dir", default=None, help="game cache (default: the environment's)")
     parser.add_argument("--out", default=str(ROOT / "results" / "env_alfworld.json"))
+    parser.add_argument("--replay", action="store_true", help="replay conversations instead (see above)")
+    parser.add_argument("--transcripts", help="with --replay: a folder of AgentBench-FC run logs")
+    parser.add_argument("--variants", default="agentrl-naive,upstream-naive,upstream-restore",
+                        help="with --transcripts: <agentrl|upstream>-<naive|restore>, comma-separated")
+    parser.add_argument("--replay-games", type=int, default=30, help="with --replay: std games of the self-check")
+    parser.add_argument("--max-env-steps", type=int, default=2000, help="game steps one replay's search may take")
     args = parser.parse_args()
+    if args.replay:
+        args.variants = [v for v in args.variants.split(",") if v]
+        replay_main(args)
+        sys.exit(0)
     args.splits = [s for s in args.splits.split(",") if s]
     args.max_games = {k: int(v) for k, v in (item.split("=") for item in args.max_games.split(",") if item)}
     if args.memory_episodes is None:
