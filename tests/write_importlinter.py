@@ -1,12 +1,22 @@
-"""Write the import-linter config: core must import no plugin package (docs/architecture.md section 2).
+"""Write the import-linter config: the import rules of docs/architecture.md section 2.
 
-The plugin import names come from plugins/*/src/, so a new plugin is covered automatically.
+Core imports no plugin and plugins do not import each other; inside core, the plugin layer
+(config, registry, plugins, hookspecs, types, errors) is layered without cycles. The plugin
+import names come from plugins/*/src/, so a new plugin is covered automatically.
+``TYPE_CHECKING`` imports are not counted: they are annotations, not dependencies.
 """
 
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _contract(key: str, name: str, kind: str, **lists: list[str]) -> list[str]:
+    lines = [f"[importlinter:contract:{key}]", f"name = {name}", f"type = {kind}"]
+    for option, values in lists.items():
+        lines += [f"{option} =", *[f"    {v}" for v in values]]
+    return [*lines, ""]
 
 
 def main(out: str) -> None:
@@ -16,21 +26,25 @@ def main(out: str) -> None:
         "root_packages =",
         "    agentrl_core",
         *[f"    {p}" for p in plugins],
+        "exclude_type_checking_imports = True",
         "",
-        "[importlinter:contract:core-imports-no-plugin]",
-        "name = agentrl_core never imports a plugin",
-        "type = forbidden",
-        "source_modules =",
-        "    agentrl_core",
-        "forbidden_modules =",
-        *[f"    {p}" for p in plugins],
-        "",
-        "[importlinter:contract:plugins-are-independent]",
-        "name = plugins do not import each other",
-        "type = independence",
-        "modules =",
-        *[f"    {p}" for p in plugins],
-        "",
+        *_contract(
+            "core-imports-no-plugin", "agentrl_core never imports a plugin", "forbidden",
+            source_modules=["agentrl_core"], forbidden_modules=plugins,
+        ),
+        *_contract("plugins-are-independent", "plugins do not import each other", "independence", modules=plugins),
+        *_contract(
+            "plugin-layer", "the plugin layer is layered (config > registry > plugins > hookspecs > types > errors)",
+            "layers",
+            layers=[
+                "agentrl_core.config",
+                "agentrl_core.registry",
+                "agentrl_core.plugins",
+                "agentrl_core.hookspecs",
+                "agentrl_core.types",
+                "agentrl_core.errors",
+            ],
+        ),
     ]
     Path(out).write_text("\n".join(lines))
 

@@ -8,8 +8,8 @@ import pytest
 
 from agentrl_core import hookspecs
 from agentrl_core.errors import PluginError
-from agentrl_core.plugins import get_plugin_manager, list_plugins
-from agentrl_core.registry import KINDS, Registry
+from agentrl_core.plugins import get_plugin_manager
+from agentrl_core.registry import KINDS, Registry, list_plugins
 from agentrl_core.testing import register_plugin, temporary_distribution
 from agentrl_core.types import EnvironmentSpec
 

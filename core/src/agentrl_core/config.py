@@ -16,16 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import attrs
 from attrs import field, frozen
 
 from agentrl_core.errors import ConfigError, PluginError
+from agentrl_core.registry import Registry
 from agentrl_core.structure import apply_override, in_range, load_yaml, structure, where
-
-if TYPE_CHECKING:
-    from agentrl_core.registry import Registry
 
 __all__ = ["Config", "load_config", "config_from_dict", "structure", "config_to_dict"]
 
@@ -304,8 +302,6 @@ def config_from_dict(
     """Structure and validate a config mapping, including plugin sections."""
     config = structure(Config, dict(data or {}), marks=marks)
     if validate_plugins:
-        from agentrl_core.registry import Registry
-
         config = validate_plugin_sections(config, registry or Registry(), marks)
     return config
 

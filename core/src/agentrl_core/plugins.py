@@ -165,21 +165,3 @@ def _load_entry_points(pm: AgentrlPluginManager, environ: Mapping[str, str]) -> 
             continue
         pm.records[ep.name] = PluginRecord(ep.name, dist, version, "ok", hooks=_hook_names(pm, plugin), entry_point=declared)
 
-
-def list_plugins(pm: AgentrlPluginManager, *, include_core: bool = False) -> list[PluginRecord]:
-    """Every plugin known to ``pm`` with the component names it provides.
-
-    Building the list calls every registration hook, so a plugin whose hook raises shows
-    up here as failed too.
-    """
-    from agentrl_core.registry import Registry
-
-    registry = Registry(pm)
-    provided = registry.provided_by_plugin()
-    out = []
-    for name, record in sorted(pm.records.items()):
-        if name == "core" and not include_core:
-            continue
-        record = pm.records[name]  # may have been marked failed while collecting
-        out.append(attrs.evolve(record, provides=provided.get(name, {})))
-    return out

@@ -18,7 +18,8 @@ import attrs
 
 from agentrl_core._version import __version__
 from agentrl_core.errors import PluginError
-from agentrl_core.plugins import AgentrlPluginManager, get_plugin_manager, strict_plugins
+from agentrl_core.plugins import AgentrlPluginManager, PluginRecord, get_plugin_manager, strict_plugins
+from agentrl_core.structure import structure
 from agentrl_core.types import (
     AdvantageEstimatorSpec,
     AdvantageNormalizerSpec,
@@ -199,8 +200,6 @@ class Registry:
                 raise PluginError(f"{kind.replace('_', ' ')} {name!r} takes no configuration, got {config!r}.")
             return None
         if config is None or isinstance(config, dict):
-            from agentrl_core.config import structure
-
             return structure(schema, config or {}, path=f"{name}")
         if not isinstance(config, schema):
             raise PluginError(f"config for {name!r} must be a {schema.__name__} or a mapping, got {type(config).__name__}.")
@@ -255,3 +254,20 @@ def get_environment(name: str, pm: AgentrlPluginManager | None = None) -> Enviro
 def build_environment(name: str, config: Any = None, pm: AgentrlPluginManager | None = None) -> Any:
     """Shortcut: instantiate an environment by name with its (validated) config."""
     return Registry(pm).build("environment", name, config)
+
+
+def list_plugins(pm: AgentrlPluginManager, *, include_core: bool = False) -> list[PluginRecord]:
+    """Every plugin known to ``pm`` with the component names it provides.
+
+    Building the list calls every registration hook, so a plugin whose hook raises shows
+    up here as failed too.
+    """
+    registry = Registry(pm)
+    provided = registry.provided_by_plugin()
+    out = []
+    for name, record in sorted(pm.records.items()):
+        if name == "core" and not include_core:
+            continue
+        record = pm.records[name]  # may have been marked failed while collecting
+        out.append(attrs.evolve(record, provides=provided.get(name, {})))
+    return out

@@ -14,7 +14,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentrl_core.plugins import get_plugin_manager, list_plugins
+    from agentrl_core.plugins import get_plugin_manager
+    from agentrl_core.registry import list_plugins
 
     records = list_plugins(get_plugin_manager(), include_core=args.all)
     if not args.all:
