@@ -44,10 +44,28 @@ def test_builtins_are_registered_explicitly():
 
 def test_every_hook_is_documented_with_an_example():
     specs = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("agentrl_")]
-    assert sorted(specs) == sorted(hook for hook, _, _ in KINDS.values())
+    assert sorted(specs) == sorted(spec.hook for spec in KINDS.values())
     for name in specs:
         doc = inspect.getdoc(getattr(hookspecs, name)) or ""
         assert "@hookimpl" in doc and "Spec(" in doc, f"{name} lacks a complete example"
+
+
+def test_each_kind_is_declared_once_and_the_rest_follows():
+    """types.SPEC_TYPES is the one list of kinds: hookspecs, built-ins and the docs table match it."""
+    from pathlib import Path
+
+    from agentrl_core import builtins
+    from agentrl_core.types import SPEC_TYPES
+
+    assert [s.kind for s in SPEC_TYPES] == list(KINDS) and len(set(KINDS)) == len(SPEC_TYPES)
+    hooks = {s.hook: s for s in SPEC_TYPES}
+    for name, spec in hooks.items():
+        assert spec.__name__ in str(inspect.signature(getattr(hookspecs, name)).return_annotation), name
+    implemented = [name for name, fn in inspect.getmembers(builtins, inspect.isfunction) if name.startswith("agentrl_")]
+    assert implemented and set(implemented) <= set(hooks)
+    docs = Path(__file__).resolve().parents[2] / "core" / "docs" / "plugins_and_config.md"
+    rows = {line.split("|")[1].strip(" `") for line in docs.read_text().splitlines() if line.startswith("| `agentrl_")}
+    assert rows == set(hooks)
 
 
 def test_entry_point_plugin_is_discovered(tmp_path):

@@ -21,6 +21,7 @@ from agentrl_core.errors import PluginError
 from agentrl_core.plugins import AgentrlPluginManager, PluginRecord, get_plugin_manager, strict_plugins
 from agentrl_core.structure import structure
 from agentrl_core.types import (
+    SPEC_TYPES,
     AdvantageEstimatorSpec,
     AdvantageNormalizerSpec,
     AgentLoopSpec,
@@ -36,19 +37,8 @@ from agentrl_core.types import (
 
 log = logging.getLogger(__name__)
 
-# kind -> (hook name, record class, distribution naming convention for "install ..." hints)
-KINDS: dict[str, tuple[str, type[ComponentSpec], str | None]] = {
-    "environment": ("agentrl_environments", EnvironmentSpec, "agentrl-env-{}"),
-    "sampler": ("agentrl_samplers", SamplerSpec, "agentrl-sampler-{}"),
-    "advantage_estimator": ("agentrl_advantage_estimators", AdvantageEstimatorSpec, None),
-    "advantage_normalizer": ("agentrl_advantage_normalizers", AdvantageNormalizerSpec, "agentrl-advnorm-{}"),
-    "policy_loss": ("agentrl_policy_losses", PolicyLossSpec, None),
-    "weight_sync_transport": ("agentrl_weight_sync_transports", WeightSyncTransportSpec, None),
-    "rollout_engine": ("agentrl_rollout_engines", RolloutEngineSpec, None),
-    "tool_parser": ("agentrl_tool_parsers", ToolParserSpec, None),
-    "agent_loop": ("agentrl_agent_loops", AgentLoopSpec, None),
-    "logger": ("agentrl_loggers", LoggerSpec, None),
-}
+# kind -> its record class (hook name and "install ..." convention are class attributes)
+KINDS: dict[str, type[ComponentSpec[Any]]] = {spec.kind: spec for spec in SPEC_TYPES}
 
 
 @attrs.frozen
@@ -65,7 +55,7 @@ def install_hint(kind: str, name: str) -> str:
     Empty when the kind has no naming convention or the distribution is installed (then the
     problem is something else: it failed to load, or it provides other names).
     """
-    pattern = KINDS[kind][2]
+    pattern = KINDS[kind].install_pattern
     if pattern is None:
         return ""
     dist = pattern.format(name.replace("_", "-"))
@@ -105,7 +95,8 @@ class Registry:
             self._by_kind[kind] = self._collect(kind)
 
     def _collect(self, kind: str) -> dict[str, list[Provided]]:
-        hook_name, record_type, _ = KINDS[kind]
+        record_type = KINDS[kind]
+        hook_name = record_type.hook
         caller = getattr(self.pm.hook, hook_name)
         found: dict[str, list[Provided]] = {}
         for impl in caller.get_hookimpls():

@@ -16,12 +16,28 @@ from __future__ import annotations
 import enum
 import importlib
 import re
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import attrs
 from attrs import field, frozen
 
 from agentrl_core.errors import PluginError
+
+if TYPE_CHECKING:  # the component each kind builds, named as a string in ComponentSpec[...]
+    from agentrl_core.protocols import (  # noqa: F401
+        AdvantageEstimator,
+        AdvantageNormalizer,
+        AgentLoop,
+        EngineDriver,
+        Environment,
+        Logger,
+        PolicyLoss,
+        Sampler,
+        ToolParser,
+        WeightSyncTransport,
+    )
+
+C = TypeVar("C")  # the component a spec's factory builds
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -59,15 +75,23 @@ def resolve(ref: Any) -> Any:
 
 
 @frozen
-class ComponentSpec:
+class ComponentSpec(Generic[C]):
     """Base of every registration record.
 
     ``factory`` is called with the validated config section (an instance of
     ``config_schema``, or ``None`` when the component has no schema) and returns the
-    component. It is imported only when the component is first used.
+    component (``C``, one of :mod:`agentrl_core.protocols`). It is imported only when the
+    component is first used.
+
+    Each subclass is the one declaration of its kind: ``kind`` (the name used in errors and
+    ``Registry.build("environment", ...)``), ``hook`` (its registration hook in
+    :mod:`agentrl_core.hookspecs`) and ``install_pattern`` (the distribution naming
+    convention behind "install agentrl-...?" hints). :data:`SPEC_TYPES` lists them all.
     """
 
     kind: ClassVar[str] = "component"
+    hook: ClassVar[str] = ""
+    install_pattern: ClassVar[str | None] = None
 
     name: str = field(validator=_check_name)
     factory: Any = field(validator=_check_ref)
@@ -87,54 +111,83 @@ class ComponentSpec:
 
 
 @frozen
-class EnvironmentSpec(ComponentSpec):
+class EnvironmentSpec(ComponentSpec["Environment"]):
     kind: ClassVar[str] = "environment"
+    hook: ClassVar[str] = "agentrl_environments"
+    install_pattern: ClassVar[str | None] = "agentrl-env-{}"
 
 
 @frozen
-class SamplerSpec(ComponentSpec):
+class SamplerSpec(ComponentSpec["Sampler"]):
     kind: ClassVar[str] = "sampler"
+    hook: ClassVar[str] = "agentrl_samplers"
+    install_pattern: ClassVar[str | None] = "agentrl-sampler-{}"
 
 
 @frozen
-class AdvantageEstimatorSpec(ComponentSpec):
+class AdvantageEstimatorSpec(ComponentSpec["AdvantageEstimator"]):
     kind: ClassVar[str] = "advantage_estimator"
+    hook: ClassVar[str] = "agentrl_advantage_estimators"
 
 
 @frozen
-class AdvantageNormalizerSpec(ComponentSpec):
+class AdvantageNormalizerSpec(ComponentSpec["AdvantageNormalizer"]):
     kind: ClassVar[str] = "advantage_normalizer"
+    hook: ClassVar[str] = "agentrl_advantage_normalizers"
+    install_pattern: ClassVar[str | None] = "agentrl-advnorm-{}"
 
 
 @frozen
-class PolicyLossSpec(ComponentSpec):
+class PolicyLossSpec(ComponentSpec["PolicyLoss"]):
     kind: ClassVar[str] = "policy_loss"
+    hook: ClassVar[str] = "agentrl_policy_losses"
 
 
 @frozen
-class WeightSyncTransportSpec(ComponentSpec):
+class WeightSyncTransportSpec(ComponentSpec["WeightSyncTransport"]):
     kind: ClassVar[str] = "weight_sync_transport"
+    hook: ClassVar[str] = "agentrl_weight_sync_transports"
 
 
 @frozen
-class RolloutEngineSpec(ComponentSpec):
+class RolloutEngineSpec(ComponentSpec["EngineDriver"]):
     kind: ClassVar[str] = "rollout_engine"
+    hook: ClassVar[str] = "agentrl_rollout_engines"
 
 
 @frozen
-class ToolParserSpec(ComponentSpec):
+class ToolParserSpec(ComponentSpec["ToolParser"]):
     kind: ClassVar[str] = "tool_parser"
+    hook: ClassVar[str] = "agentrl_tool_parsers"
 
 
 @frozen
-class AgentLoopSpec(ComponentSpec):
+class AgentLoopSpec(ComponentSpec["AgentLoop"]):
     kind: ClassVar[str] = "agent_loop"
+    hook: ClassVar[str] = "agentrl_agent_loops"
 
 
 @frozen
-class LoggerSpec(ComponentSpec):
+class LoggerSpec(ComponentSpec["Logger"]):
     kind: ClassVar[str] = "logger"
+    hook: ClassVar[str] = "agentrl_loggers"
 
+
+
+# Every component kind, declared once; the registry, config validation and the tests of the
+# hookspecs, the built-ins and the docs derive from this tuple.
+SPEC_TYPES: tuple[type[ComponentSpec[Any]], ...] = (
+    EnvironmentSpec,
+    SamplerSpec,
+    AdvantageEstimatorSpec,
+    AdvantageNormalizerSpec,
+    PolicyLossSpec,
+    WeightSyncTransportSpec,
+    RolloutEngineSpec,
+    ToolParserSpec,
+    AgentLoopSpec,
+    LoggerSpec,
+)
 
 # ---------------------------------------------------------------------------------------
 # Episodes
