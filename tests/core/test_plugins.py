@@ -68,6 +68,17 @@ def test_each_kind_is_declared_once_and_the_rest_follows():
     assert rows == set(hooks)
 
 
+def test_lookups_take_the_spec_class_or_the_kind_string():
+    from agentrl_core.types import SamplerSpec, ToolParserSpec
+
+    reg = Registry(get_plugin_manager(load_entry_points=False))
+    assert reg.names(SamplerSpec) == reg.names("sampler") == ["current"]
+    assert isinstance(reg.spec(SamplerSpec, "current"), SamplerSpec)
+    assert type(reg.build(ToolParserSpec, "hermes")) is type(reg.build("tool_parser", "hermes"))
+    with pytest.raises(PluginError, match="unknown tool parser 'hermez'; did you mean 'hermes'"):
+        reg.build(ToolParserSpec, "hermez")
+
+
 def test_entry_point_plugin_is_discovered(tmp_path):
     src = GOOD.format(env="toyenv", module="toy_plugin")
     with temporary_distribution(tmp_path, "agentrl-env-toy", entry_points={"env_toy": "toy_plugin"},

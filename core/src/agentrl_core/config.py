@@ -24,6 +24,19 @@ from attrs import field, frozen
 from agentrl_core.errors import ConfigError, PluginError
 from agentrl_core.registry import Registry
 from agentrl_core.structure import apply_override, in_range, load_yaml, structure, where
+from agentrl_core.types import (
+    AdvantageEstimatorSpec,
+    AdvantageNormalizerSpec,
+    AgentLoopSpec,
+    ComponentSpec,
+    EnvironmentSpec,
+    LoggerSpec,
+    PolicyLossSpec,
+    RolloutEngineSpec,
+    SamplerSpec,
+    ToolParserSpec,
+    WeightSyncTransportSpec,
+)
 
 __all__ = ["Config", "load_config", "config_from_dict", "structure", "config_to_dict"]
 
@@ -335,18 +348,18 @@ def load_config(
 def validate_plugin_sections(config: Config, registry: Registry, marks: Mapping[str, str] | None = None) -> Config:
     """Validate every component choice and plugin sub-section against the registry."""
 
-    def spec_or_error(kind: str, name: str, path: str) -> None:
+    def spec_or_error(kind: type[ComponentSpec[Any]], name: str, path: str) -> None:
         try:
             registry.spec(kind, name)
         except PluginError as exc:
             raise ConfigError(f"{path}{where(path, marks)}: {exc}") from None
 
-    def validated(kind: str, name: str, section: Any, path: str) -> Any:
+    def validated(kind: type[ComponentSpec[Any]], name: str, section: Any, path: str) -> Any:
         spec_or_error(kind, name, path)
         schema = registry.config_schema(kind, name)
         if schema is None:
             if section:
-                raise ConfigError(f"{path}{where(path, marks)}: {kind.replace('_', ' ')} {name!r} takes no options")
+                raise ConfigError(f"{path}{where(path, marks)}: {kind.kind.replace('_', ' ')} {name!r} takes no options")
             return None
         return structure(schema, section or {}, path=path, marks=marks)
 
@@ -356,39 +369,41 @@ def validate_plugin_sections(config: Config, registry: Registry, marks: Mapping[
     for section, tasks in (("tasks", config.tasks), ("train.eval_tasks", config.train.eval_tasks),
                            ("eval.tasks", config.eval.tasks)):
         for i, task in enumerate(tasks):
-            spec_or_error("environment", task.env, f"{section}[{i}].env")
+            spec_or_error(EnvironmentSpec, task.env, f"{section}[{i}].env")
     for env in sorted(used_envs):
-        envs[env] = validated("environment", env, config.environments.get(env), f"environments.{env}")
+        envs[env] = validated(EnvironmentSpec, env, config.environments.get(env), f"environments.{env}")
 
-    spec_or_error("sampler", config.sampler.name, "sampler.name")
+    spec_or_error(SamplerSpec, config.sampler.name, "sampler.name")
     sampler_options = {
-        name: validated("sampler", name, section, f"sampler.{name}") for name, section in config.sampler.options.items()
+        name: validated(SamplerSpec, name, section, f"sampler.{name}") for name, section in config.sampler.options.items()
     }
     if config.sampler.name not in sampler_options:
-        sampler_options[config.sampler.name] = validated("sampler", config.sampler.name, None, "sampler.name")
+        sampler_options[config.sampler.name] = validated(SamplerSpec, config.sampler.name, None, "sampler.name")
 
-    spec_or_error("advantage_estimator", config.advantage.estimator, "advantage.estimator")
+    spec_or_error(AdvantageEstimatorSpec, config.advantage.estimator, "advantage.estimator")
     for i, name in enumerate(config.advantage.normalizers):
-        spec_or_error("advantage_normalizer", name, f"advantage.normalizers[{i}]")
+        spec_or_error(AdvantageNormalizerSpec, name, f"advantage.normalizers[{i}]")
     adv_options = {}
     for name, section in config.advantage.options.items():
-        kind = "advantage_normalizer" if name in registry.names("advantage_normalizer") else None
-        if kind is None and name in registry.names("advantage_estimator"):
-            kind = "advantage_estimator"
-        adv_options[name] = validated(kind or "advantage_normalizer", name, section, f"advantage.{name}")
+        kind: type[ComponentSpec[Any]] | None = None
+        if name in registry.names(AdvantageNormalizerSpec):
+            kind = AdvantageNormalizerSpec
+        elif name in registry.names(AdvantageEstimatorSpec):
+            kind = AdvantageEstimatorSpec
+        adv_options[name] = validated(kind or AdvantageNormalizerSpec, name, section, f"advantage.{name}")
     for name in config.advantage.normalizers:
-        adv_options.setdefault(name, validated("advantage_normalizer", name, None, "advantage.normalizers"))
+        adv_options.setdefault(name, validated(AdvantageNormalizerSpec, name, None, "advantage.normalizers"))
 
-    spec_or_error("policy_loss", config.loss.name, "loss.name")
-    spec_or_error("rollout_engine", config.engine.driver, "engine.driver")
+    spec_or_error(PolicyLossSpec, config.loss.name, "loss.name")
+    spec_or_error(RolloutEngineSpec, config.engine.driver, "engine.driver")
     engine_options = {
-        name: validated("rollout_engine", name, section, f"engine.{name}") for name, section in config.engine.options.items()
+        name: validated(RolloutEngineSpec, name, section, f"engine.{name}") for name, section in config.engine.options.items()
     }
-    spec_or_error("weight_sync_transport", config.weight_sync.transport, "weight_sync.transport")
-    spec_or_error("tool_parser", config.model.tool_parser, "model.tool_parser")
-    spec_or_error("agent_loop", config.rollout.agent_loop, "rollout.agent_loop")
+    spec_or_error(WeightSyncTransportSpec, config.weight_sync.transport, "weight_sync.transport")
+    spec_or_error(ToolParserSpec, config.model.tool_parser, "model.tool_parser")
+    spec_or_error(AgentLoopSpec, config.rollout.agent_loop, "rollout.agent_loop")
     for i, name in enumerate(config.logging.loggers):
-        spec_or_error("logger", name, f"logging.loggers[{i}]")
+        spec_or_error(LoggerSpec, name, f"logging.loggers[{i}]")
 
     return attrs.evolve(
         config,

@@ -12,7 +12,7 @@ import difflib
 import logging
 from collections.abc import Callable
 from importlib import metadata
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import attrs
 
@@ -20,25 +20,20 @@ from agentrl_core._version import __version__
 from agentrl_core.errors import PluginError
 from agentrl_core.plugins import AgentrlPluginManager, PluginRecord, get_plugin_manager, strict_plugins
 from agentrl_core.structure import structure
-from agentrl_core.types import (
-    SPEC_TYPES,
-    AdvantageEstimatorSpec,
-    AdvantageNormalizerSpec,
-    AgentLoopSpec,
-    ComponentSpec,
-    EnvironmentSpec,
-    LoggerSpec,
-    PolicyLossSpec,
-    RolloutEngineSpec,
-    SamplerSpec,
-    ToolParserSpec,
-    WeightSyncTransportSpec,
-)
+from agentrl_core.types import SPEC_TYPES, ComponentSpec, EnvironmentSpec
 
 log = logging.getLogger(__name__)
 
 # kind -> its record class (hook name and "install ..." convention are class attributes)
 KINDS: dict[str, type[ComponentSpec[Any]]] = {spec.kind: spec for spec in SPEC_TYPES}
+
+C = TypeVar("C")  # a component
+S = TypeVar("S", bound=ComponentSpec[Any])  # a spec class
+Kind = str | type[ComponentSpec[Any]]
+
+
+def _kind(kind: Kind) -> str:
+    return kind if isinstance(kind, str) else kind.kind
 
 
 @attrs.frozen
@@ -123,19 +118,26 @@ class Registry:
         return found
 
     # -- lookups --------------------------------------------------------------------
+    # ``kind`` is a spec class (``SamplerSpec``: typed, what core uses) or its kind string
+    # (``"sampler"``: the form plugin tests and READMEs use).
 
-    def names(self, kind: str) -> list[str]:
-        return sorted(self._by_kind[kind])
+    def names(self, kind: Kind) -> list[str]:
+        return sorted(self._by_kind[_kind(kind)])
 
-    def providers(self, kind: str, name: str) -> list[Provided]:
-        return list(self._by_kind[kind].get(name, []))
+    def providers(self, kind: Kind, name: str) -> list[Provided]:
+        return list(self._by_kind[_kind(kind)].get(name, []))
 
-    def spec(self, kind: str, name: str) -> ComponentSpec:
+    @overload
+    def spec(self, kind: type[S], name: str) -> S: ...
+    @overload
+    def spec(self, kind: str, name: str) -> ComponentSpec[Any]: ...
+    def spec(self, kind: Kind, name: str) -> ComponentSpec[Any]:
         """The unique record for ``name``, or a :class:`PluginError` that says what to do."""
         return self.provider(kind, name).spec
 
-    def provider(self, kind: str, name: str) -> Provided:
+    def provider(self, kind: Kind, name: str) -> Provided:
         """The record for ``name`` with the plugin that registered it."""
+        kind = _kind(kind)
         providers = self._by_kind[kind].get(name)
         if not providers:
             installed = self.names(kind)
@@ -153,8 +155,9 @@ class Registry:
             )
         return providers[0]
 
-    def _resolve(self, kind: str, name: str, field: str) -> Any:
+    def _resolve(self, kind: Kind, name: str, field: str) -> Any:
         """Import the ``factory`` or ``config_schema`` reference of ``name``, failing in one sentence."""
+        kind = _kind(kind)
         provided = self.provider(kind, name)
         spec = provided.spec
         try:
@@ -171,24 +174,29 @@ class Registry:
                 "incomplete: fix or reinstall it (agentrl -v shows the traceback)."
             ) from exc
 
-    def config_schema(self, kind: str, name: str) -> type | None:
+    def config_schema(self, kind: Kind, name: str) -> type | None:
         return self._resolve(kind, name, "config_schema")
 
-    def build(self, kind: str, name: str, config: Any = None, **kwargs: Any) -> Any:
+    @overload
+    def build(self, kind: type[ComponentSpec[C]], name: str, config: Any = None, **kwargs: Any) -> C: ...
+    @overload
+    def build(self, kind: str, name: str, config: Any = None, **kwargs: Any) -> Any: ...
+    def build(self, kind: Kind, name: str, config: Any = None, **kwargs: Any) -> Any:
         """Instantiate a component: ``factory(config, **kwargs)``.
 
         ``config`` may be ``None`` (schema defaults are used), a mapping (validated by the
-        schema) or an instance of the schema.
+        schema) or an instance of the schema. With a spec class as ``kind`` the result is
+        typed as the component that kind builds (``build(SamplerSpec, ...) -> Sampler``).
         """
         config = self.make_config(kind, name, config)
         factory: Callable[..., Any] = self._resolve(kind, name, "factory")
         return factory(config, **kwargs)
 
-    def make_config(self, kind: str, name: str, config: Any = None) -> Any:
+    def make_config(self, kind: Kind, name: str, config: Any = None) -> Any:
         schema = self.config_schema(kind, name)
         if schema is None:
             if config:
-                raise PluginError(f"{kind.replace('_', ' ')} {name!r} takes no configuration, got {config!r}.")
+                raise PluginError(f"{_kind(kind).replace('_', ' ')} {name!r} takes no configuration, got {config!r}.")
             return None
         if config is None or isinstance(config, dict):
             return structure(schema, config or {}, path=f"{name}")
@@ -204,37 +212,9 @@ class Registry:
                     out.setdefault(p.plugin, {}).setdefault(kind, []).append(name)
         return {plugin: {k: tuple(sorted(v)) for k, v in kinds.items()} for plugin, kinds in out.items()}
 
-    # -- typed accessors ------------------------------------------------------------
-
     def get_environment(self, name: str) -> EnvironmentSpec:
-        return self.spec("environment", name)  # type: ignore[return-value]
-
-    def get_sampler(self, name: str) -> SamplerSpec:
-        return self.spec("sampler", name)  # type: ignore[return-value]
-
-    def get_advantage_estimator(self, name: str) -> AdvantageEstimatorSpec:
-        return self.spec("advantage_estimator", name)  # type: ignore[return-value]
-
-    def get_advantage_normalizer(self, name: str) -> AdvantageNormalizerSpec:
-        return self.spec("advantage_normalizer", name)  # type: ignore[return-value]
-
-    def get_policy_loss(self, name: str) -> PolicyLossSpec:
-        return self.spec("policy_loss", name)  # type: ignore[return-value]
-
-    def get_weight_sync_transport(self, name: str) -> WeightSyncTransportSpec:
-        return self.spec("weight_sync_transport", name)  # type: ignore[return-value]
-
-    def get_rollout_engine(self, name: str) -> RolloutEngineSpec:
-        return self.spec("rollout_engine", name)  # type: ignore[return-value]
-
-    def get_tool_parser(self, name: str) -> ToolParserSpec:
-        return self.spec("tool_parser", name)  # type: ignore[return-value]
-
-    def get_agent_loop(self, name: str) -> AgentLoopSpec:
-        return self.spec("agent_loop", name)  # type: ignore[return-value]
-
-    def get_logger(self, name: str) -> LoggerSpec:
-        return self.spec("logger", name)  # type: ignore[return-value]
+        """The record of environment ``name`` (``spec(EnvironmentSpec, name)``)."""
+        return self.spec(EnvironmentSpec, name)
 
 
 def get_environment(name: str, pm: AgentrlPluginManager | None = None) -> EnvironmentSpec:
@@ -244,7 +224,7 @@ def get_environment(name: str, pm: AgentrlPluginManager | None = None) -> Enviro
 
 def build_environment(name: str, config: Any = None, pm: AgentrlPluginManager | None = None) -> Any:
     """Shortcut: instantiate an environment by name with its (validated) config."""
-    return Registry(pm).build("environment", name, config)
+    return Registry(pm).build(EnvironmentSpec, name, config)
 
 
 def list_plugins(pm: AgentrlPluginManager, *, include_core: bool = False) -> list[PluginRecord]:

@@ -39,7 +39,7 @@ from agentrl_core.errors import SessionError
 from agentrl_core.plugins import AgentrlPluginManager, get_plugin_manager
 from agentrl_core.protocols import Environment
 from agentrl_core.registry import Registry
-from agentrl_core.types import Status
+from agentrl_core.types import EnvironmentSpec, Status
 
 try:
     import pytest
@@ -138,7 +138,7 @@ async def check_environment_async(
 ) -> ConformanceReport:
     if isinstance(name_or_env, str):
         registry = registry or Registry()
-        env = registry.build("environment", name_or_env, config)
+        env = registry.build(EnvironmentSpec, name_or_env, config)
         label = name_or_env
     else:
         env, label = name_or_env, getattr(name_or_env, "name", type(name_or_env).__name__)

@@ -26,11 +26,12 @@ def run(args: argparse.Namespace) -> int:
     from agentrl_core.config import load_config
     from agentrl_core.env.episodes import play_episode, write_demonstrations
     from agentrl_core.registry import Registry
+    from agentrl_core.types import EnvironmentSpec
 
     registry = Registry()
     config = load_config(args.config, registry=registry) if args.config else None
     env_config = config.environment_config(args.env) if config else None
-    env = registry.build("environment", args.env, env_config)
+    env = registry.build(EnvironmentSpec, args.env, env_config)
 
     async def play_all():
         indices = list(env.index_sets().get(args.split, []))

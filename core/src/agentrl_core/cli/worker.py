@@ -28,10 +28,11 @@ def run(args: argparse.Namespace) -> int:
     from agentrl_core.env.worker import TaskWorker
     from agentrl_core.errors import ConfigError
     from agentrl_core.registry import Registry
+    from agentrl_core.types import EnvironmentSpec
 
     registry = Registry()
     config = load_config(args.config, registry=registry) if args.config else None
-    env = registry.build("environment", args.env, config.environment_config(args.env) if config else None)
+    env = registry.build(EnvironmentSpec, args.env, config.environment_config(args.env) if config else None)
     sets = env.index_sets()
     split = args.split or ("std" if "std" in sets else next(iter(sets)) if len(sets) == 1 else None)
     if split is None:

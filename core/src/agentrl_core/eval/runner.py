@@ -30,6 +30,7 @@ from agentrl_core.eval.metrics import EpisodeResult, TaskSummary, format_table, 
 from agentrl_core.registry import Registry
 from agentrl_core.rollout.agent_loop import ChatAgentLoop, LoopSettings, RolloutRequest
 from agentrl_core.rollout.sampler import CurrentSampler
+from agentrl_core.types import SamplerSpec, ToolParserSpec
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +111,10 @@ def make_token_players(
     """Agent loops for token-level engines, one per model (single/mix) or one crossing all (cross)."""
     temperature = config.eval.temperature if config.eval.temperature is not None else config.rollout.temperature
     settings = attrs.evolve(LoopSettings.from_rollout_config(config.rollout), temperature=temperature)
-    parser = registry.build("tool_parser", config.model.tool_parser)
+    parser = registry.build(ToolParserSpec, config.model.tool_parser)
     loops: dict[str, ChatAgentLoop] = {}
     if mode == "cross":
-        sampler = registry.build("sampler", "cross", {"pools": sorted(pools)})
+        sampler = registry.build(SamplerSpec, "cross", {"pools": sorted(pools)})
         loops["cross"] = ChatAgentLoop(tokenizer=tokenizer, env_client=env_client, pools=pools, sampler=sampler,
                                        tool_parser=parser, settings=settings, seed=config.run.seed)
     else:

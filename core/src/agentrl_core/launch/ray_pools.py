@@ -33,6 +33,7 @@ from attrs import frozen
 from agentrl_core.config import Config
 from agentrl_core.errors import AgentrlError
 from agentrl_core.launch.placement import Placement
+from agentrl_core.types import PolicyLossSpec, WeightSyncTransportSpec
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class LearnerRank:
         _, _, device = init_distributed(config.train.device)
         self.device_kind = device.type
         self.registry = Registry()
-        loss_fn = self.registry.build("policy_loss", config.loss.name)
+        loss_fn = self.registry.build(PolicyLossSpec, config.loss.name)
         self.learner = Learner(model_path, train=config.train, optim=config.optim, loss=config.loss,
                                temperature=config.rollout.temperature, loss_fn=loss_fn, device=device,
                                param_dtype=compute_dtype(config.model.dtype),
@@ -127,7 +128,7 @@ class LearnerRank:
                     old.close()
                 except Exception as exc:  # its engine is gone; the group is replaced anyway
                     log.warning("closing the old weight-sync transport of %s: %s", pool, exc)
-            transport = self.registry.build("weight_sync_transport", ws.transport, None, weight_sync=ws,
+            transport = self.registry.build(WeightSyncTransportSpec, ws.transport, None, weight_sync=ws,
                                             model_dir=self.model_path, dtype=dtype,
                                             ranks_per_engine=(ranks_per_engine or {}).get(pool, 1))
             transport.connect(address or node_address(), urls)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentrl_core.config import Config
+from agentrl_core.types import RolloutEngineSpec
 
 __all__ = ["build_engine_driver", "ranks_per_engine"]
 
@@ -29,7 +30,7 @@ def build_engine_driver(config: Config, *, registry: Any = None, log_dir: str | 
         from agentrl_core.registry import Registry
 
         registry = Registry()
-    return registry.build("rollout_engine", config.engine.driver, None, engine=config.engine, model=config.model,
+    return registry.build(RolloutEngineSpec, config.engine.driver, None, engine=config.engine, model=config.model,
                           max_context=config.rollout.max_total_len, seed=config.run.seed, host=host, log_dir=log_dir)
 
 

@@ -37,6 +37,7 @@ from agentrl_core.env._http import App, HTTPError, Request, Response, bind_socke
 from agentrl_core.rollout.engine_sampling import SamplingParams
 from agentrl_core.rollout.engine_scheduler import Completion, EngineConflict, Scheduler
 from agentrl_core.rollout.engine_scheduler import Request as EngineRequest
+from agentrl_core.types import ToolParserSpec
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class EngineServer:
         )
         self.scheduler.model_path = self.model_path
         self.tool_parser_name = tool_parser
-        self.tool_parser = Registry().build("tool_parser", tool_parser)
+        self.tool_parser = Registry().build(ToolParserSpec, tool_parser)
         self.served_model_name = served_model_name or Path(self.model_path).name
         self.groups: dict[str, Any] = {}
         self.started = time.time()

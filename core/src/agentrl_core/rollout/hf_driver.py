@@ -145,7 +145,7 @@ class HFDriver:
                  model: ModelConfig | None = None, python: str = sys.executable, startup_timeout: float = 300.0,
                  max_context: int | None = None, log_dir: str | None = None, extra_args: Sequence[str] = (),
                  seed: int = 0, host: str = "127.0.0.1") -> None:
-        # registry.build("rollout_engine", "hf", None, engine=config.engine): the spec has no schema
+        # registry.build(RolloutEngineSpec, "hf", None, engine=config.engine): the spec has no schema
         self.config = config or engine or EngineConfig()
         self.python = python
         self.startup_timeout = startup_timeout

@@ -67,7 +67,7 @@ class SGLangDriver:
                  max_context: int | None = None, seed: int = 0, dtype: str | None = None,
                  context_length: int | None = None, tool_call_parser: str | None = None,
                  trust_remote_code: bool | None = None, chat_template: str | None = None) -> None:
-        # registry.build("rollout_engine", "sglang", None, engine=config.engine): the spec has no schema
+        # registry.build(RolloutEngineSpec, "sglang", None, engine=config.engine): the spec has no schema
         self.config = config or engine or EngineConfig(driver="sglang")
         self.host = host
         self.dtype = dtype or (model.dtype if model is not None else None)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from agentrl_core.types import AdvantageBatch
+from agentrl_core.types import AdvantageBatch, AdvantageEstimatorSpec, AdvantageNormalizerSpec
 
 GRPO_EPS = 1e-6
 WHITEN_EPS = 1e-8
@@ -213,6 +213,6 @@ def build_advantage_fns(advantage_config: Any, registry: Any = None) -> tuple[An
         registry = Registry()
     options = getattr(advantage_config, "options", {}) or {}
     name = advantage_config.estimator
-    estimator = registry.build("advantage_estimator", name, options.get(name))
-    normalizers = [registry.build("advantage_normalizer", n, options.get(n)) for n in advantage_config.normalizers]
+    estimator = registry.build(AdvantageEstimatorSpec, name, options.get(name))
+    normalizers = [registry.build(AdvantageNormalizerSpec, n, options.get(n)) for n in advantage_config.normalizers]
     return estimator, normalizers

@@ -36,6 +36,14 @@ from agentrl_core.train.engine_watch import EngineWatchdog
 from agentrl_core.train.progress import Progress
 from agentrl_core.train.rollout_manager import RolloutManager, default_max_consecutive_drops, warmup_minimum
 from agentrl_core.train.step_metrics import batch_metrics, lag_histogram, sample_rollouts
+from agentrl_core.types import (
+    AdvantageEstimatorSpec,
+    AdvantageNormalizerSpec,
+    AgentLoopSpec,
+    LoggerSpec,
+    SamplerSpec,
+    ToolParserSpec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +85,7 @@ class Trainer:
 
     def build_sampler(self) -> Any:
         c = self.config
-        return self.registry.build("sampler", c.sampler.name, c.sampler.options.get(c.sampler.name))
+        return self.registry.build(SamplerSpec, c.sampler.name, c.sampler.options.get(c.sampler.name))
 
     def write_config(self) -> Path:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -186,8 +194,8 @@ class Trainer:
                                       max_infra_retries=c.rollout.max_infra_retries)
             settings = LoopSettings.from_rollout_config(c.rollout)
             self.agent_loop = self.registry.build(
-                "agent_loop", c.rollout.agent_loop, None, tokenizer=self.tokenizer, env_client=client,
-                pools=self.engine_pools, sampler=sampler, tool_parser=self.registry.build("tool_parser", c.model.tool_parser),
+                AgentLoopSpec, c.rollout.agent_loop, None, tokenizer=self.tokenizer, env_client=client,
+                pools=self.engine_pools, sampler=sampler, tool_parser=self.registry.build(ToolParserSpec, c.model.tool_parser),
                 settings=settings, seed=c.run.seed, global_step=lambda: self.step,
             )
             self.sampler = sampler
@@ -198,9 +206,9 @@ class Trainer:
                 max_consecutive_drops=c.rollout.max_consecutive_dropped_groups or default_max_consecutive_drops(
                     c.rollout.batch_size, c.rollout.concurrency, c.rollout.n_samples),
             )
-            self.estimator = self.registry.build("advantage_estimator", c.advantage.estimator,
+            self.estimator = self.registry.build(AdvantageEstimatorSpec, c.advantage.estimator,
                                                  c.advantage.options.get(c.advantage.estimator))
-            self.normalizers = [self.registry.build("advantage_normalizer", n, c.advantage.options.get(n))
+            self.normalizers = [self.registry.build(AdvantageNormalizerSpec, n, c.advantage.options.get(n))
                                 for n in c.advantage.normalizers]
             try:
                 self.progress = Progress(c.train.total_steps, self._snapshot, echo=self.echo) \
@@ -377,7 +385,7 @@ class Trainer:
     # -- metrics, validation, checkpoints -------------------------------------------------------
 
     def _loggers(self) -> list[Any]:
-        return [self.registry.build("logger", name, None, run_dir=self.run_dir) for name in self.config.logging.loggers]
+        return [self.registry.build(LoggerSpec, name, None, run_dir=self.run_dir) for name in self.config.logging.loggers]
 
     def _log(self, metrics: dict[str, Any], trajectories: list[Any]) -> None:
         if trajectories and self.config.logging.sample_rollouts:
