@@ -266,7 +266,7 @@ def load_main(argv: list[str]) -> int:
     p.add_argument("--sessions", type=int, default=10_000)
     p.add_argument("--rss-pids", default="")
     args = p.parse_args(argv)
-    from agentrl_core.env._http import raise_fd_limit, run_event_loop, tune_gc
+    from agentrl_core.http.server import raise_fd_limit, run_event_loop, tune_gc
 
     raise_fd_limit()
     tune_gc()  # as the controller and worker commands do
@@ -279,7 +279,7 @@ class Api:
     """The controller API over the lean pooled client (so the load generator stays cheap)."""
 
     def __init__(self, url: str) -> None:
-        from agentrl_core.env._httpclient import Pool
+        from agentrl_core.http.client import Pool
 
         self.pool, self.base = Pool.for_url(url, idle_timeout=60.0)
         self.interact_body = json.dumps({"messages": [ASSISTANT]}).encode()
@@ -354,7 +354,7 @@ async def load_rt(args) -> dict:
 
 async def load_latency(args) -> dict:
     """Open loop: requests are due at a fixed rate whatever the latency (no coordinated omission)."""
-    from agentrl_core.env._httpclient import Pool
+    from agentrl_core.http.client import Pool
 
     api = Api(args.url)
     sids = await start_many(api, 256, 32)  # enough idle sessions that the schedule never waits for one

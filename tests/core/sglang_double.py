@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl_core.env._http import App, HTTPError, Request, Response, bind_socket, json_response, serve_app
+from agentrl_core.http.server import App, HTTPError, Request, Response, bind_socket, json_response, serve_app
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -14,9 +14,9 @@ import pytest
 from agentrl_core.config import ControllerConfig
 from agentrl_core.env import Environment, Status, Step, ToolSession, assistant_tool_call, function_tool, tool_result
 from agentrl_core.env._harness import local_control_plane
-from agentrl_core.env._http import HTTPError
 from agentrl_core.env._openapi import controller_openapi
 from agentrl_core.env.client import ControllerClient, NoCapacity, RequestRejected, SessionConflict, UnknownSession
+from agentrl_core.http.server import HTTPError
 
 pytestmark = pytest.mark.anyio
 

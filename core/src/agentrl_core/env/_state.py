@@ -16,8 +16,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-from agentrl_core.env._httpclient import Pool
 from agentrl_core.env._wire import IndexSet
+from agentrl_core.http.client import Pool
 from agentrl_core.types import Index
 
 

@@ -15,10 +15,10 @@ from typing import Any
 
 from agentrl_core.config import ControllerConfig
 from agentrl_core.env import _wire
-from agentrl_core.env._http import HTTPError
-from agentrl_core.env._httpclient import ConnectFailed, ConnectionBroken, RequestTimeout, TransportError
 from agentrl_core.env._metrics import Metrics
 from agentrl_core.env._state import State, Worker, WorkerState
+from agentrl_core.http.client import ConnectFailed, ConnectionBroken, RequestTimeout, TransportError
+from agentrl_core.http.server import HTTPError
 from agentrl_core.types import Status
 
 log = logging.getLogger("agentrl_core.env.controller")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentrl_core.env._http import HTTPError
+from agentrl_core.http.server import HTTPError
 from agentrl_core.types import Index, Message, Status, Step
 
 MAX_SESSION_ID = 2**63 - 1

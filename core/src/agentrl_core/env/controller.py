@@ -26,12 +26,12 @@ from typing import Any
 from agentrl_core._version import __version__
 from agentrl_core.config import ControllerConfig
 from agentrl_core.env import _wire
-from agentrl_core.env._http import App, HTTPError, Request, Response, bind_socket, dumps, json_response, serve_app
-from agentrl_core.env._httpclient import ConnectFailed, ConnectionBroken, TransportError
 from agentrl_core.env._metrics import Metrics
 from agentrl_core.env._openapi import controller_openapi
 from agentrl_core.env._state import Session, State, Worker, WorkerState
 from agentrl_core.env._upkeep import Upkeep
+from agentrl_core.http.client import ConnectFailed, ConnectionBroken, TransportError
+from agentrl_core.http.server import App, HTTPError, Request, Response, bind_socket, dumps, json_response, serve_app
 from agentrl_core.types import Status
 
 log = logging.getLogger(__name__)

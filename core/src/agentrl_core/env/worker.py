@@ -29,10 +29,10 @@ from typing import Any
 import anyio
 
 from agentrl_core.env import _wire
-from agentrl_core.env._http import App, HTTPError, Request, bind_socket, json_response, serve_app
-from agentrl_core.env._httpclient import Pool, TransportError
 from agentrl_core.env.api import UnknownIndexError
 from agentrl_core.errors import SessionError
+from agentrl_core.http.client import Pool, TransportError
+from agentrl_core.http.server import App, HTTPError, Request, bind_socket, json_response, serve_app
 from agentrl_core.protocols import Environment, Session
 from agentrl_core.types import Index, Status
 

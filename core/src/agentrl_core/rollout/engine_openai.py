@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from agentrl_core.env._http import HTTPError, Request
+from agentrl_core.http.server import HTTPError, Request
 from agentrl_core.rollout.engine_server import parse_sampling_params
 
 if TYPE_CHECKING:

@@ -71,7 +71,7 @@ def serve_main(args: Any) -> int:
     """Entry of ``agentrl engine serve`` (arguments parsed by ``agentrl_core.cli.engine``)."""
     import torch
 
-    from agentrl_core.env._http import run_event_loop
+    from agentrl_core.http.server import run_event_loop
 
     if args.cpus:
         cores = sorted({int(c) for c in str(args.cpus).split(",") if c.strip()})

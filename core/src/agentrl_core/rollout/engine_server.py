@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentrl_core.env._http import App, HTTPError, Request, Response, bind_socket, json_response, serve_app
+from agentrl_core.http.server import App, HTTPError, Request, Response, bind_socket, json_response, serve_app
 from agentrl_core.rollout.engine_sampling import SamplingParams
 from agentrl_core.rollout.engine_scheduler import Completion, EngineConflict, Scheduler
 from agentrl_core.rollout.engine_scheduler import Request as EngineRequest

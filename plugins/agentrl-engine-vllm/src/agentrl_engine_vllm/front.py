@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from agentrl_core.env._http import App, HTTPError, Request, Response, json_response
+from agentrl_core.http.server import App, HTTPError, Request, Response, json_response
 from agentrl_engine_vllm.wire import WireError, sglang_answer, version_value, vllm_sampling_params
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from agentrl_core.env._http import bind_socket, serve_app
+from agentrl_core.http.server import bind_socket, serve_app
 from agentrl_engine_vllm.front import Front
 from agentrl_engine_vllm.wire import version_value
 
