@@ -32,6 +32,7 @@ from attrs import frozen
 
 from agentrl_core.config import Config
 from agentrl_core.errors import AgentrlError
+from agentrl_core.http.ports import free_port
 from agentrl_core.launch.placement import Placement
 from agentrl_core.types import PolicyLossSpec, WeightSyncTransportSpec
 
@@ -266,7 +267,7 @@ def _where() -> tuple[str, list[str], int]:
     """Run inside a bundle: its node's address, the GPUs Ray reserved there, a free port on that node."""
     import ray
 
-    return node_address(), [str(g) for g in ray.get_gpu_ids()], _free_port()
+    return node_address(), [str(g) for g in ray.get_gpu_ids()], free_port("")
 
 
 class RayPools:
@@ -393,11 +394,3 @@ class RayPools:
         from ray.util.placement_group import remove_placement_group
 
         remove_placement_group(self.pg)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]

@@ -33,24 +33,18 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from agentrl_core.config import EngineConfig, ModelConfig
+from agentrl_core.http.ports import free_port
 from agentrl_core.rollout.hf_driver import EngineLaunchError, ManagedProcesses, wait_healthy
 
 log = logging.getLogger(__name__)
 
 SGLANG_TOOL_PARSERS = {"qwen25": "qwen25", "hermes": "qwen25"}  # agentrl parser -> --tool-call-parser
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class SGLangDriver:

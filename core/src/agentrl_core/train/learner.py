@@ -33,6 +33,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from agentrl_core.config import LossConfig, OptimConfig, TrainConfig
+from agentrl_core.http.ports import free_port
 from agentrl_core.train.batching import Layout, MicroBatchPlan, TrainSample, collate, plan_micro_batches
 from agentrl_core.train.logprobs import token_logprobs
 from agentrl_core.train.losses import batch_denominators, ppo_dual_clip
@@ -57,14 +58,6 @@ def resolve_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> tuple[int, int, torch.device]:
     """Join (or create) the default process group; returns ``(rank, world_size, device)``.
 
@@ -79,7 +72,7 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> tuple[i
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend, timeout=timeout)
         else:
-            store = dist.TCPStore("127.0.0.1", _free_port(), 1, is_master=True, timeout=timeout)
+            store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True, timeout=timeout)
             dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
     return dist.get_rank(), dist.get_world_size(), dev
 

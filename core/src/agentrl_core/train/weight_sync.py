@@ -37,7 +37,6 @@ import concurrent.futures
 import logging
 import os
 import shutil
-import socket
 import threading
 import time
 import uuid
@@ -50,6 +49,7 @@ from typing import Any
 import torch
 
 from agentrl_core.errors import AgentrlError
+from agentrl_core.http.ports import free_port
 from agentrl_core.types import PoolSpec
 
 log = logging.getLogger(__name__)
@@ -185,12 +185,6 @@ class _Deadline:
         return remaining
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 class _Engines:
     """The engines of one pool, called concurrently from synchronous code.
 
@@ -303,7 +297,7 @@ class CollectiveTransport:
         if self.group is not None:
             raise WeightSyncError("this transport is already connected; close() it first")
         address = learner_rank0 or "127.0.0.1"
-        port = _free_port(address)
+        port = free_port(address)
         deadline = _Deadline(self.timeout_s, f"forming the weight-update group with {len(engines)} engines",
                              "no group was formed")
         self.engines = _Engines(engines, self.timeout_s)

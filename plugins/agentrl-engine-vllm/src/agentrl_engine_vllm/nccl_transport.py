@@ -26,20 +26,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import socket
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from agentrl_core.http.ports import free_port
 from agentrl_core.train.weight_sync import WeightSyncError, drain, iter_buckets
 
 log = logging.getLogger(__name__)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class VLLMNCCLTransport:
@@ -104,7 +98,7 @@ class VLLMNCCLTransport:
         self.urls = [u.rstrip("/") for u in engines]
         self.http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=10.0), trust_env=False)
         address = learner_rank0 or "127.0.0.1"
-        port = _free_port(address)
+        port = free_port(address)
         world_size = 1 + len(self.urls)
         joins = self._all("/init_weight_transfer_engine", [
             {"init_info": worker_init_payload(NCCLWeightTransferInitInfo(
