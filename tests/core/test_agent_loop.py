@@ -275,7 +275,7 @@ def test_failed_setup_is_an_infra_failure_without_tokens(tokenizer, parser):
 
 
 def test_full_workers_are_waited_for_not_failed(tokenizer, parser):
-    from agentrl_core.env.client import NoCapacity
+    from agentrl_core.controlplane.client import NoCapacity
 
     class BusyThenFree(LocalEnvClient):
         refusals = 2

@@ -10,9 +10,7 @@ import httpx
 import pytest
 from test_control_plane import EchoEnv, fast_config
 
-from agentrl_core.env import Status, assistant_tool_call
-from agentrl_core.env._harness import local_control_plane
-from agentrl_core.env.client import (
+from agentrl_core.controlplane.client import (
     ControllerClient,
     ControllerTimeout,
     ControllerUnavailable,
@@ -20,6 +18,8 @@ from agentrl_core.env.client import (
     SessionConflict,
     UnknownSession,
 )
+from agentrl_core.env import Status, assistant_tool_call
+from agentrl_core.env._harness import local_control_plane
 
 pytestmark = pytest.mark.anyio
 

@@ -12,10 +12,16 @@ import httpx
 import pytest
 
 from agentrl_core.config import ControllerConfig
+from agentrl_core.controlplane.client import (
+    ControllerClient,
+    NoCapacity,
+    RequestRejected,
+    SessionConflict,
+    UnknownSession,
+)
+from agentrl_core.controlplane.openapi import controller_openapi
 from agentrl_core.env import Environment, Status, Step, ToolSession, assistant_tool_call, function_tool, tool_result
 from agentrl_core.env._harness import local_control_plane
-from agentrl_core.env._openapi import controller_openapi
-from agentrl_core.env.client import ControllerClient, NoCapacity, RequestRejected, SessionConflict, UnknownSession
 from agentrl_core.http.server import HTTPError
 
 pytestmark = pytest.mark.anyio

@@ -18,9 +18,9 @@ import anyio
 import httpx
 import pytest
 
+from agentrl_core.controlplane.client import ControllerClient, NoCapacity
 from agentrl_core.env import Status, assistant_tool_call
 from agentrl_core.env._harness import Spawned, spawn
-from agentrl_core.env.client import ControllerClient, NoCapacity
 
 pytestmark = [pytest.mark.processes, pytest.mark.anyio]
 

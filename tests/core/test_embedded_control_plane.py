@@ -6,8 +6,8 @@ import anyio
 import pytest
 
 from agentrl_core.config import ControllerConfig, TaskConfig
-from agentrl_core.env.client import ControllerClient
-from agentrl_core.launch.control_plane import EmbeddedControlPlane
+from agentrl_core.controlplane.client import ControllerClient
+from agentrl_core.controlplane.embedded import EmbeddedControlPlane
 from agentrl_core.testing import temporary_distribution
 
 pytestmark = pytest.mark.processes

@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from agentrl_core.config import load_config
-    from agentrl_core.env.controller import Controller
+    from agentrl_core.controlplane.controller import Controller
     from agentrl_core.errors import ConfigError
     from agentrl_core.http.server import bind_socket, raise_fd_limit, run_event_loop, tune_gc
 

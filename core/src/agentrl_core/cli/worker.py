@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from agentrl_core.config import load_config
-    from agentrl_core.env.worker import TaskWorker
+    from agentrl_core.controlplane.worker import TaskWorker
     from agentrl_core.errors import ConfigError
     from agentrl_core.http.server import raise_fd_limit, run_event_loop, tune_gc
     from agentrl_core.registry import Registry

@@ -4,8 +4,9 @@ Import what you need from here::
 
     from agentrl_core.env import Environment, ToolSession, Step, Status, function_tool
 
-The worker, controller and client of the control plane live in submodules
-(``agentrl_core.env.worker``, ``.controller``, ``.client``) and are not imported here.
+This package is the plugin-author API only (``api``, ``tools``, ``episodes``); it imports
+no service. The control plane that serves environments (worker, controller, client) is
+:mod:`agentrl_core.controlplane`; test helpers are in :mod:`agentrl_core.testing`.
 """
 
 from agentrl_core.env.api import Environment, ThreadedSession, ToolSession, UnknownIndexError, run_blocking

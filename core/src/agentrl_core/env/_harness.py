@@ -28,8 +28,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from agentrl_core.config import ControllerConfig
-from agentrl_core.env.controller import Controller
-from agentrl_core.env.worker import TaskWorker
+from agentrl_core.controlplane.controller import Controller
+from agentrl_core.controlplane.worker import TaskWorker
 from agentrl_core.errors import EnvError
 from agentrl_core.http.server import bind_socket
 from agentrl_core.protocols import Environment

@@ -3,7 +3,7 @@
 The agent loop talks to environments through a client with ``start``, ``interact`` and
 ``cancel``. :class:`LocalEnvClient` implements that interface without HTTP, for unit
 tests, notebooks and ``agentrl demos``-style tools; training and evaluation use the
-controller client (:mod:`agentrl_core.env.client`), which adds worker isolation, capacity
+controller client (:mod:`agentrl_core.controlplane.client`), which adds worker isolation, capacity
 accounting and fault handling. Semantics match the controller's: an exception inside a
 session becomes ``task error`` for that session, and a finished session is closed.
 """

@@ -51,7 +51,7 @@ class Evaluation:
         self.drivers: list[Any] = []
 
     def run(self) -> dict[str, Any]:
-        from agentrl_core.launch.control_plane import EmbeddedControlPlane
+        from agentrl_core.controlplane.embedded import EmbeddedControlPlane
 
         c = self.config
         control = None
@@ -95,7 +95,7 @@ class Evaluation:
         return urls
 
     async def _main(self, url: str, engine_urls: dict[str, list[str]]) -> dict[str, Any]:
-        from agentrl_core.env.client import ControllerClient
+        from agentrl_core.controlplane.client import ControllerClient
 
         c = self.config
         writer = ResultWriter(self.out_dir, "single" if self.openai else c.eval.mode)

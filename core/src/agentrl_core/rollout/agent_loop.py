@@ -181,7 +181,7 @@ class ChatAgentLoop:
         A full worker (406) is back-pressure from the control plane, not a failure: the
         episode waits for a slot with growing pauses, up to ``settings.start_wait`` seconds.
         """
-        from agentrl_core.env.client import NoCapacity
+        from agentrl_core.controlplane.client import NoCapacity
 
         deadline = time.monotonic() + self.settings.start_wait
         pause = 0.5

@@ -95,7 +95,7 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         """Set up every process, train, tear everything down; returns the final summary."""
-        from agentrl_core.launch.control_plane import EmbeddedControlPlane
+        from agentrl_core.controlplane.embedded import EmbeddedControlPlane
         from agentrl_core.launch.placement import plan_placement
         from agentrl_core.launch.ray_pools import RayPools, init_ray
 
@@ -160,7 +160,7 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------
 
     async def _main(self, url: str, pools: Any, sampler: Any) -> dict[str, Any]:
-        from agentrl_core.env.client import ControllerClient
+        from agentrl_core.controlplane.client import ControllerClient
         from agentrl_core.rollout.agent_loop import LoopSettings
         from agentrl_core.rollout.engine_client import EnginePool
         from agentrl_core.rollout.tokenizer import load_tokenizer

@@ -25,11 +25,11 @@ from typing import Any
 
 from agentrl_core._version import __version__
 from agentrl_core.config import ControllerConfig
-from agentrl_core.env import _wire
-from agentrl_core.env._metrics import Metrics
-from agentrl_core.env._openapi import controller_openapi
-from agentrl_core.env._state import Session, State, Worker, WorkerState
-from agentrl_core.env._upkeep import Upkeep
+from agentrl_core.controlplane import wire
+from agentrl_core.controlplane.metrics import Metrics
+from agentrl_core.controlplane.openapi import controller_openapi
+from agentrl_core.controlplane.state import SessionEntry, State, Worker, WorkerState
+from agentrl_core.controlplane.upkeep import Upkeep
 from agentrl_core.http.client import ConnectFailed, ConnectionBroken, TransportError
 from agentrl_core.http.server import App, HTTPError, Request, Response, bind_socket, dumps, json_response, serve_app
 from agentrl_core.types import Status
@@ -88,7 +88,7 @@ class Controller:
         if not isinstance(name, str) or not name:
             raise HTTPError(400, "start_sample needs a task name in the field 'name'")
         task = self._task(name)
-        raw_index = _wire.parse_index(body.get("index"))
+        raw_index = wire.parse_index(body.get("index"))
         custom_task = body.get("custom_task")
         if custom_task is not None and not isinstance(custom_task, dict):
             raise HTTPError(400, "custom_task must be an object")
@@ -134,21 +134,21 @@ class Controller:
                 self._start_failed(session, worker, "an answer that is not a JSON object")
                 raise HTTPError(502, f"worker {worker.id} of task {name!r} answered start_sample with invalid JSON")
             self.metrics.started(name)
-            if _wire.finished(out):
+            if wire.finished(out):
                 self._finish(session, out)
             elif self.state.sessions.get(session.id) is not session:  # cancelled while starting
-                out = _wire.failure_out(Status.CANCELLED, "the session was cancelled while starting")
-            return json_response(_wire.to_client(out), headers=[(b"session_id", str(session.id).encode())])
+                out = wire.failure_out(Status.CANCELLED, "the session was cancelled while starting")
+            return json_response(wire.to_client(out), headers=[(b"session_id", str(session.id).encode())])
 
     async def interact(self, request: Request) -> Any:
         body = request.json_object()
-        sid = _wire.session_id_from(request, body)
-        messages = _wire.parse_messages(body.get("messages"))
+        sid = wire.session_id_from(request, body)
+        messages = wire.parse_messages(body.get("messages"))
         session = self._session(sid)
         if session.lost is not None:
             self.state.end(session, f"it failed: {session.lost}")
             self.metrics.finished(session.task, Status.TASK_ERROR.value)
-            return _wire.to_client(_wire.failure_out(Status.TASK_ERROR, session.lost))
+            return wire.to_client(wire.failure_out(Status.TASK_ERROR, session.lost))
         if session.busy:
             raise HTTPError(409, f"session {sid} is busy with another call; send one interact at a time")
         worker = session.worker
@@ -175,12 +175,12 @@ class Controller:
             out = None
         if not isinstance(out, dict):
             return self._interact_failed(session, "the worker answered interact without an env_out object")
-        if _wire.finished(out):
+        if wire.finished(out):
             self._finish(session, out)
-        return _wire.to_client(out)
+        return wire.to_client(out)
 
     async def cancel(self, request: Request) -> Any:
-        sid = _wire.session_id_from(request, request.json_object(required=False))
+        sid = wire.session_id_from(request, request.json_object(required=False))
         session = self.state.sessions.get(sid)
         if session is None:
             if self.state.why_gone(sid) is None:
@@ -214,7 +214,7 @@ class Controller:
         return {"cancelled": cancelled, "tasks": names}
 
     async def cancel_notice(self, request: Request) -> Any:
-        sid = _wire.session_id_from(request, request.json_object(required=False))
+        sid = wire.session_id_from(request, request.json_object(required=False))
         return {"session_id": sid, "known": self.state.cancel_confirmed(sid)}
 
     # -- worker routes ---------------------------------------------------------------------
@@ -229,7 +229,7 @@ class Controller:
         concurrency = body.get("concurrency")
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 0 <= concurrency <= 10**9:
             raise HTTPError(400, "a heartbeat needs a non-negative integer 'concurrency'")
-        indices = _wire.check_indices(body.get("indices"))
+        indices = wire.check_indices(body.get("indices"))
         task = self.state.tasks.get(name)
         if task is not None and task.indices.indices != indices:
             raise HTTPError(409, f"task {name!r} is registered with different indices ({len(task.indices)} registered, "
@@ -307,7 +307,7 @@ class Controller:
             raise HTTPError(404, f"no worker serves task {name!r}; registered tasks: {known}")
         return task
 
-    def _session(self, sid: int) -> Session:
+    def _session(self, sid: int) -> SessionEntry:
         session = self.state.sessions.get(sid)
         if session is None:
             why = self.state.why_gone(sid)
@@ -326,13 +326,13 @@ class Controller:
         states = sorted({w.state_name() for w in workers})
         return f"task {name!r} has no live worker taking sessions ({len(workers)} registered: {', '.join(states)})"
 
-    def _finish(self, session: Session, out: dict[str, Any]) -> None:
+    def _finish(self, session: SessionEntry, out: dict[str, Any]) -> None:
         status = out.get("status") if isinstance(out.get("status"), str) else Status.UNKNOWN.value
         if self.state.sessions.get(session.id) is session:
             self.state.end(session, f"it finished with status {status!r}")
         self.metrics.finished(session.task, status)
 
-    def _interact_failed(self, session: Session, problem: Any) -> dict[str, Any]:
+    def _interact_failed(self, session: SessionEntry, problem: Any) -> dict[str, Any]:
         """The session is gone or broken: answer task error, free it, tell the worker."""
         reason = f"worker {session.worker.id} failed: {problem}"
         if isinstance(problem, ConnectFailed | ConnectionBroken):
@@ -344,9 +344,9 @@ class Controller:
             self.state.end(session, f"it failed: {reason}")
         self.metrics.finished(session.task, Status.TASK_ERROR.value)
         log.warning("session %s of task %r: %s", session.id, session.task, reason)
-        return _wire.to_client(_wire.failure_out(Status.TASK_ERROR, reason))
+        return wire.to_client(wire.failure_out(Status.TASK_ERROR, reason))
 
-    def _start_failed(self, session: Session, worker: Worker, problem: Any) -> None:
+    def _start_failed(self, session: SessionEntry, worker: Worker, problem: Any) -> None:
         if self.state.sessions.get(session.id) is session:
             self.state.end(session, f"it failed to start: {problem}")
             self.state.hold_for_cancel(session)

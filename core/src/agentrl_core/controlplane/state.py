@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-from agentrl_core.env._wire import IndexSet
+from agentrl_core.controlplane.wire import IndexSet
 from agentrl_core.http.client import Pool
 from agentrl_core.types import Index
 
@@ -39,7 +39,7 @@ class Worker:
         self.address = address
         self.pool, self.path = Pool.for_url(address, connect_timeout=connect_timeout)
         self.capacity = capacity
-        self.sessions: dict[int, Session] = {}
+        self.sessions: dict[int, SessionEntry] = {}
         self.cancelling: set[int] = set()  # cancelled sessions still holding a slot on the worker
         self.state = WorkerState.ALIVE
         self.stale = False  # draining: keeps its sessions, gets no new ones
@@ -83,7 +83,9 @@ class Worker:
         }
 
 
-class Session:
+class SessionEntry:
+    """The controller's row for one open session (not the plugin's ``protocols.Session``)."""
+
     __slots__ = ("id", "task", "index", "worker", "start", "last_update", "busy", "lost")
 
     def __init__(self, session_id: int, task: str, index: Index, worker: Worker) -> None:
@@ -121,7 +123,7 @@ class State:
     def __init__(self, *, connect_timeout: float = 5.0, tombstones: int = 100_000) -> None:
         self.connect_timeout = connect_timeout
         self.tasks: dict[str, Task] = {}
-        self.sessions: dict[int, Session] = {}
+        self.sessions: dict[int, SessionEntry] = {}
         self.finished: OrderedDict[int, str] = OrderedDict()  # session id -> why it ended
         self.max_tombstones = tombstones
         self.pending_cancels: dict[int, Worker] = {}
@@ -192,21 +194,21 @@ class State:
 
     # -- sessions --------------------------------------------------------------------------
 
-    def new_session(self, task: str, index: Index, worker: Worker) -> Session:
+    def new_session(self, task: str, index: Index, worker: Worker) -> SessionEntry:
         self._next_session += 1
-        session = Session(self._next_session, task, index, worker)
+        session = SessionEntry(self._next_session, task, index, worker)
         self.sessions[session.id] = session
         worker.sessions[session.id] = session
         return session
 
-    def adopt(self, session_id: int, task: str, index: Index, worker: Worker) -> Session:
-        session = Session(session_id, task, index, worker)
+    def adopt(self, session_id: int, task: str, index: Index, worker: Worker) -> SessionEntry:
+        session = SessionEntry(session_id, task, index, worker)
         self.sessions[session_id] = session
         worker.sessions[session_id] = session
         self._next_session = max(self._next_session, session_id)
         return session
 
-    def end(self, session: Session, why: str) -> None:
+    def end(self, session: SessionEntry, why: str) -> None:
         """Forget a session (finished, failed or cancelled) and remember why."""
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
@@ -216,7 +218,7 @@ class State:
         if len(self.finished) > self.max_tombstones:
             self.finished.popitem(last=False)
 
-    def hold_for_cancel(self, session: Session) -> None:
+    def hold_for_cancel(self, session: SessionEntry) -> None:
         """Keep the cancelled session's slot until its worker confirms the cancel."""
         worker = session.worker
         if worker.state is WorkerState.DEAD:

@@ -14,14 +14,14 @@ import time
 from typing import Any
 
 from agentrl_core.config import ControllerConfig
-from agentrl_core.env import _wire
-from agentrl_core.env._metrics import Metrics
-from agentrl_core.env._state import State, Worker, WorkerState
+from agentrl_core.controlplane import wire
+from agentrl_core.controlplane.metrics import Metrics
+from agentrl_core.controlplane.state import State, Worker, WorkerState
 from agentrl_core.http.client import ConnectFailed, ConnectionBroken, RequestTimeout, TransportError
 from agentrl_core.http.server import HTTPError
 from agentrl_core.types import Status
 
-log = logging.getLogger("agentrl_core.env.controller")
+log = logging.getLogger("agentrl_core.controlplane.controller")
 
 
 class Upkeep:
@@ -79,7 +79,7 @@ class Upkeep:
         try:
             response = await worker.pool.request("GET", f"{worker.path}/get_sessions",
                                                  timeout=max(self.config.cancel_timeout, 5.0))
-            reported = {_wire.parse_session_id(k): v for k, v in response.json().items()} if response.status == 200 else None
+            reported = {wire.parse_session_id(k): v for k, v in response.json().items()} if response.status == 200 else None
         except TransportError as exc:
             self.lose_worker(worker, str(exc))
             return False

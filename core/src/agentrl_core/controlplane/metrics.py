@@ -6,7 +6,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agentrl_core.env._state import State
+    from agentrl_core.controlplane.state import State
 
 
 def _escape(value: object) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from agentrl_core.env import _wire
+from agentrl_core.controlplane import wire
 from agentrl_core.env.api import UnknownIndexError
 from agentrl_core.errors import SessionError
 from agentrl_core.http.client import Pool, TransportError
@@ -121,8 +121,8 @@ class TaskWorker:
 
     async def start_sample(self, request: Request) -> Any:
         body = request.json_object()
-        sid = _wire.parse_session_id(body.get("session_id"))
-        index = _wire.parse_index(body.get("index"))
+        sid = wire.parse_session_id(body.get("session_id"))
+        index = wire.parse_index(body.get("index"))
         if body.get("custom_task") is not None:
             raise HTTPError(400, f"task {self.task_name!r} does not support custom tasks")
         if sid in self.sessions:
@@ -149,7 +149,7 @@ class TaskWorker:
                 await self._finish(sid)
                 if not running.cancelled:
                     raise TimeoutError
-                return _wire.failure_out(Status.CANCELLED, "the session was cancelled while starting")
+                return wire.failure_out(Status.CANCELLED, "the session was cancelled while starting")
         except UnknownIndexError as exc:
             await self._finish(sid)
             raise HTTPError(400, str(exc)) from None
@@ -158,26 +158,26 @@ class TaskWorker:
             log.warning("session %s (%s index %r) failed to start: %s", sid, self.task_name, running.index, reason,
                         exc_info=not isinstance(exc, TimeoutError))
             await self._finish(sid)
-            return {**_wire.failure_out(Status.TASK_ERROR, reason), "tools": self.env.tools}
+            return {**wire.failure_out(Status.TASK_ERROR, reason), "tools": self.env.tools}
         finally:
             running.release()
         if running.cancelled:  # a cancel arrived before the start could be interrupted
-            return _wire.failure_out(Status.CANCELLED, "the session was cancelled while starting")
+            return wire.failure_out(Status.CANCELLED, "the session was cancelled while starting")
         tools = getattr(running.session, "tools", None) or self.env.tools
         if step.finish:
             await self._finish(sid)
-        return _wire.env_out(step, tools)
+        return wire.env_out(step, tools)
 
     async def interact(self, request: Request) -> Any:
         body = request.json_object()
-        sid = _wire.parse_session_id(body.get("session_id"))
-        messages = _wire.parse_messages(body.get("messages"))
+        sid = wire.parse_session_id(body.get("session_id"))
+        messages = wire.parse_messages(body.get("messages"))
         running = self.sessions.get(sid)
         if running is None:
             raise HTTPError(404, f"session {sid} does not exist on this worker")
         if running.busy or running.cancelled:
             raise HTTPError(409, f"session {sid} is busy with another call")
-        message = _wire.assistant_message(messages)
+        message = wire.assistant_message(messages)
         running.busy = True
         try:
             with anyio.CancelScope(deadline=_deadline(self.step_timeout)) as scope:
@@ -186,7 +186,7 @@ class TaskWorker:
             if scope.cancelled_caught:
                 if not running.cancelled:
                     raise TimeoutError
-                out = _wire.failure_out(Status.CANCELLED, "the session was cancelled during this step")
+                out = wire.failure_out(Status.CANCELLED, "the session was cancelled during this step")
                 return {"session_id": sid, "env_out": out}
         except SessionError as exc:  # e.g. the session refused a concurrent call
             raise HTTPError(409, str(exc)) from None
@@ -195,22 +195,22 @@ class TaskWorker:
             log.warning("session %s (%s index %r) failed in step: %s", sid, self.task_name, running.index, reason,
                         exc_info=not isinstance(exc, TimeoutError))
             await self._finish(sid)
-            return {"session_id": sid, "env_out": _wire.failure_out(Status.TASK_ERROR, reason)}
+            return {"session_id": sid, "env_out": wire.failure_out(Status.TASK_ERROR, reason)}
         finally:
             running.release()
         if step.finish:
             await self._finish(sid)
-        return {"session_id": sid, "env_out": _wire.env_out(step)}
+        return {"session_id": sid, "env_out": wire.env_out(step)}
 
     async def cancel(self, request: Request) -> Any:
-        sid = _wire.session_id_from(request, request.json_object(required=False))
+        sid = wire.session_id_from(request, request.json_object(required=False))
         if sid not in self.sessions:
             raise HTTPError(404, f"session {sid} does not exist on this worker")
         await self._cancel(sid)
         return {"session_id": sid}
 
     async def cancel_with_notice(self, request: Request) -> Any:
-        sid = _wire.session_id_from(request, request.json_object(required=False))
+        sid = wire.session_id_from(request, request.json_object(required=False))
         if sid not in self.sessions:
             raise HTTPError(404, f"session {sid} does not exist on this worker")
         self._spawn(self._cancel_and_notify(sid))
@@ -237,7 +237,7 @@ class TaskWorker:
         return {"concurrency": self.concurrency, "current": len(self.sessions)}
 
     async def sample_status(self, request: Request) -> Any:
-        sid = _wire.session_id_from(request, request.json_object(required=False))
+        sid = wire.session_id_from(request, request.json_object(required=False))
         running = self.sessions.get(sid)
         if running is None:
             raise HTTPError(404, f"session {sid} does not exist on this worker")
