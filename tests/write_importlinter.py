@@ -45,6 +45,23 @@ def main(out: str) -> None:
                 "agentrl_core.errors",
             ],
         ),
+        *_contract(
+            "env-api-imports-no-service",
+            "agentrl_core.env (the plugin-author API) imports only contracts, records and errors",
+            "forbidden",
+            source_modules=["agentrl_core.env"],
+            forbidden_modules=[f"agentrl_core.{m}" for m in (
+                "config", "registry", "plugins", "http", "controlplane", "rollout", "train", "eval",
+                "launch", "testing", "cli",
+            )],
+        ),
+        *_contract(
+            "nothing-imports-testing", "only tests import agentrl_core.testing", "forbidden",
+            source_modules=[f"agentrl_core.{m}" for m in (
+                "cli", "launch", "train", "eval", "rollout", "controlplane",
+            )],
+            forbidden_modules=["agentrl_core.testing"],
+        ),
     ]
     Path(out).write_text("\n".join(lines))
 

@@ -14,10 +14,10 @@ import attrs
 import pytest
 
 from agentrl_core.env import Environment, Status, Step, ToolSession, function_tool, tool_result
-from agentrl_core.env.local import LocalEnvClient
 from agentrl_core.rollout.agent_loop import ChatAgentLoop, LoopSettings, RolloutRequest
 from agentrl_core.rollout.chat_encoding import ChatEncoder, TemplateError, probe_template
 from agentrl_core.rollout.sampler import CurrentSampler
+from agentrl_core.testing.local_env import LocalEnvClient
 
 ADD = function_tool("add", "add two numbers", {"a": {"type": "integer"}, "b": {"type": "integer"}}, ["a", "b"])
 ANSWER = function_tool("answer", "final answer", {"value": {"type": "integer"}}, ["value"])

@@ -19,7 +19,7 @@ from agentrl_core.controlplane.client import (
     UnknownSession,
 )
 from agentrl_core.env import Status, assistant_tool_call
-from agentrl_core.env._harness import local_control_plane
+from agentrl_core.testing.controlplane import local_control_plane
 
 pytestmark = pytest.mark.anyio
 

@@ -21,8 +21,8 @@ from agentrl_core.controlplane.client import (
 )
 from agentrl_core.controlplane.openapi import controller_openapi
 from agentrl_core.env import Environment, Status, Step, ToolSession, assistant_tool_call, function_tool, tool_result
-from agentrl_core.env._harness import local_control_plane
 from agentrl_core.http.server import HTTPError
+from agentrl_core.testing.controlplane import local_control_plane
 
 pytestmark = pytest.mark.anyio
 

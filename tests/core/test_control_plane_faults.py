@@ -20,7 +20,7 @@ import pytest
 
 from agentrl_core.controlplane.client import ControllerClient, NoCapacity
 from agentrl_core.env import Status, assistant_tool_call
-from agentrl_core.env._harness import Spawned, spawn
+from agentrl_core.testing.controlplane import Spawned, spawn
 
 pytestmark = [pytest.mark.processes, pytest.mark.anyio]
 

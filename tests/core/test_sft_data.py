@@ -7,9 +7,9 @@ import pytest
 from test_agent_loop import ScriptedPool, SumEnv, canonical_call, encode_reply
 
 from agentrl_core.env.episodes import play_episode
-from agentrl_core.env.local import LocalEnvClient
 from agentrl_core.rollout.agent_loop import ChatAgentLoop, LoopSettings, RolloutRequest
 from agentrl_core.rollout.sampler import CurrentSampler
+from agentrl_core.testing.local_env import LocalEnvClient
 from agentrl_core.train.sft_data import encode_demonstration, encode_demonstrations
 
 

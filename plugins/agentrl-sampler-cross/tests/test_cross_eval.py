@@ -18,10 +18,10 @@ import pytest
 
 from agentrl_core.config import Config, EvalConfig, RolloutConfig, TaskConfig
 from agentrl_core.env import Environment, Status, Step, ToolSession, function_tool, tool_result
-from agentrl_core.env.local import LocalEnvClient
 from agentrl_core.eval.metrics import EpisodeResult, pass_at_k, summarize
 from agentrl_core.eval.runner import build_requests, make_token_players, run_requests
 from agentrl_core.registry import Registry
+from agentrl_core.testing.local_env import LocalEnvClient
 
 PRESS = function_tool("press", "enter one code", {"code": {"type": "integer"}}, ["code"])
 

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
 from attrs import field, frozen
 
 from agentrl_core.errors import EnvError
-from agentrl_core.types import Index, Message, Status
+from agentrl_core.types import Index, Message, Status, Step
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,13 @@ class Result:
             reward=data.get("reward") or 0.0,
             metrics=dict(data.get("metrics") or data.get("metric") or {}),
         )
+
+
+    @classmethod
+    def from_step(cls, step: Step, *, metrics: Mapping[str, Any] | None = None, **fields: Any) -> Result:
+        """The answer for an environment's ``Step`` (an in-process client's; ``metrics`` replaces the step's)."""
+        return cls(messages=list(step.messages), status=step.status, finish=step.finish, reward=step.reward,
+                   metrics=dict(step.metrics if metrics is None else metrics), **fields)
 
 
 @frozen

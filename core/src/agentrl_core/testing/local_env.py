@@ -2,10 +2,11 @@
 
 The agent loop talks to environments through a client with ``start``, ``interact`` and
 ``cancel``. :class:`LocalEnvClient` implements that interface without HTTP, for unit
-tests, notebooks and ``agentrl demos``-style tools; training and evaluation use the
-controller client (:mod:`agentrl_core.controlplane.client`), which adds worker isolation, capacity
-accounting and fault handling. Semantics match the controller's: an exception inside a
-session becomes ``task error`` for that session, and a finished session is closed.
+tests and notebooks; training and evaluation use the controller client
+(:mod:`agentrl_core.controlplane.client`), which adds worker isolation, capacity accounting
+and fault handling. It answers with the same records (``Started``, ``Result``), and its
+semantics match the controller's: an exception inside a session becomes ``task error`` for
+that session, and a finished session is closed.
 """
 
 from __future__ import annotations
@@ -13,34 +14,13 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from attrs import frozen
-
+from agentrl_core.controlplane.client import Result, Started
 from agentrl_core.errors import SessionError
 from agentrl_core.protocols import Environment, Session
 from agentrl_core.types import Index, Message, Status
 
 log = logging.getLogger(__name__)
-
-
-@frozen
-class StartResult:
-    session_id: int
-    messages: list[Message]
-    tools: list[dict[str, Any]]
-    status: str = Status.RUNNING.value
-    finish: bool = False
-    reward: float = 0.0
-
-
-@frozen
-class InteractResult:
-    finish: bool
-    status: str
-    reward: float
-    messages: list[Message]
-    metrics: dict[str, Any]
 
 
 class LocalEnvClient:
@@ -64,7 +44,7 @@ class LocalEnvClient:
             raise SessionError(f"unknown task {task!r}; available: {', '.join(sorted(self.tasks))}")
         return self.tasks[task]
 
-    async def start(self, task: str, index: Index) -> StartResult:
+    async def start(self, task: str, index: Index) -> Started:
         env, split = self._task(task)
         session = await env.open(split, index)
         try:
@@ -72,7 +52,8 @@ class LocalEnvClient:
         except Exception as exc:  # as the worker does: a failed set-up is a task error of this session
             await session.close()
             log.warning("start of %s/%s failed: %s", task, index, exc)
-            return StartResult(next(self._ids), [], list(env.tools), Status.TASK_ERROR.value, True, 0.0)
+            return Started(messages=[], status=Status.TASK_ERROR, finish=True, reward=0.0, session_id=next(self._ids),
+                           tools=list(env.tools))
         except BaseException:
             await session.close()
             raise
@@ -81,9 +62,9 @@ class LocalEnvClient:
             await session.close()
         else:
             self._sessions[sid] = session
-        return StartResult(sid, list(step.messages), list(env.tools), step.status.value, step.finish, step.reward)
+        return Started.from_step(step, metrics={}, session_id=sid, tools=list(env.tools))
 
-    async def interact(self, session_id: int, messages: Sequence[Message]) -> InteractResult:
+    async def interact(self, session_id: int, messages: Sequence[Message]) -> Result:
         session = self._sessions.get(session_id)
         if session is None:
             raise SessionError(f"no such session {session_id}")
@@ -93,10 +74,10 @@ class LocalEnvClient:
         except Exception as exc:  # as the worker does: the session fails, the others go on
             log.warning("session %s failed: %s", session_id, exc)
             await self._close(session_id)
-            return InteractResult(True, Status.TASK_ERROR.value, 0.0, [], {"error": str(exc)})
+            return Result(messages=[], status=Status.TASK_ERROR, finish=True, reward=0.0, metrics={"error": str(exc)})
         if step.finish:
             await self._close(session_id)
-        return InteractResult(step.finish, step.status.value, step.reward, list(step.messages), dict(step.metrics))
+        return Result.from_step(step)
 
     async def cancel(self, session_id: int) -> None:
         await self._close(session_id)
@@ -105,7 +86,3 @@ class LocalEnvClient:
         session = self._sessions.pop(session_id, None)
         if session is not None:
             await session.close()
-
-    @property
-    def open_sessions(self) -> int:
-        return len(self._sessions)

@@ -19,6 +19,13 @@ Helpers:
 * :func:`temporary_distribution` to install a throw-away distribution with an ``agentrl``
   entry point on ``sys.path`` (for duplicate-name and broken-plugin tests);
 * :func:`check_environment`, the conformance checker.
+
+Submodules for core's own tests (imported explicitly, not by the fixtures above):
+
+* :mod:`agentrl_core.testing.controlplane`: a controller and workers in this event loop
+  (``local_control_plane``) or as ``agentrl`` child processes (``spawn``);
+* :mod:`agentrl_core.testing.local_env`: ``LocalEnvClient``, the controller's
+  start/interact/cancel over in-process environments.
 """
 
 from __future__ import annotations

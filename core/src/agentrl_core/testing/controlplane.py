@@ -1,6 +1,6 @@
-"""Run a control plane on this machine: in this event loop, or as child processes.
+"""Run a control plane on this machine, for tests: in this event loop, or as child processes.
 
-In-process (tests, the embedded mode of a training run)::
+In-process::
 
     async with local_control_plane(ControllerConfig(idle_session_timeout=60)) as plane:
         await plane.add_worker(env, "std", concurrency=8)   # registered when this returns
