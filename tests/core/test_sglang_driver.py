@@ -19,8 +19,8 @@ from sglang_double import install_shim
 
 from agentrl_core.config import EngineConfig, ModelConfig, SGLangOptions
 from agentrl_core.registry import Registry
+from agentrl_core.rollout.drivers import EngineLaunchError
 from agentrl_core.rollout.engine_client import EngineError, EnginePool
-from agentrl_core.rollout.hf_driver import EngineLaunchError
 from agentrl_core.rollout.sglang_driver import SGLangDriver
 
 pytestmark = pytest.mark.anyio
@@ -281,7 +281,8 @@ def test_a_server_that_dies_during_startup_is_reported_with_its_log(tmp_path, mo
 
 def test_hf_driver_maps_placements_to_engine_command_lines(tmp_path):
     from agentrl_core.config import HFEngineOptions
-    from agentrl_core.rollout.hf_driver import HFDriver, engine_slots
+    from agentrl_core.rollout.drivers import engine_slots
+    from agentrl_core.rollout.hf_driver import HFDriver
 
     assert engine_slots([[0, 1], [2]], "cpu") == [{"device": "cpu", "cpus": [0, 1]}, {"device": "cpu", "cpus": [2]}]
     assert engine_slots([[3]], "cuda") == [{"device": "cuda", "gpus": [3]}]

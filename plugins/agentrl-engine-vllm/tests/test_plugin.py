@@ -12,7 +12,7 @@ from agentrl_core.config import config_from_dict, config_to_dict
 from agentrl_core.errors import ConfigError
 from agentrl_core.plugins import get_plugin_manager
 from agentrl_core.registry import Registry
-from agentrl_core.rollout.hf_driver import EngineLaunchError
+from agentrl_core.rollout.drivers import EngineLaunchError
 
 
 def test_entry_point_is_discovered_by_a_fresh_plugin_manager():

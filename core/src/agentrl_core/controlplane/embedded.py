@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from agentrl_core.config import ControllerConfig, TaskConfig
-from agentrl_core.launch.processes import ServiceError, ServiceProcess, agentrl_command
+from agentrl_core.processes import ServiceError, ServiceProcess, agentrl_command
 
 log = logging.getLogger(__name__)
 

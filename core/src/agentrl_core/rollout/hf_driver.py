@@ -17,118 +17,23 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from agentrl_core.config import EngineConfig, ModelConfig
-from agentrl_core.errors import AgentrlError
-from agentrl_core.launch.processes import detach_and_die_with_parent
+from agentrl_core.processes import agentrl_command
+from agentrl_core.rollout.drivers import (
+    EngineLaunchError,
+    ManagedProcesses,
+    engine_slots,
+    resolve_device_kind,
+    wait_healthy,
+)
 
 log = logging.getLogger(__name__)
-
-
-class EngineLaunchError(AgentrlError):
-    """An engine process exited or did not become healthy."""
-
-
-def resolve_device_kind(device: str) -> str:
-    if device == "auto":
-        try:
-            import torch
-
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        except ImportError:
-            return "cpu"
-    return "cuda" if device.startswith("cuda") else "cpu"
-
-
-def engine_slots(devices: Sequence[Any], kind: str) -> list[dict[str, Any]]:
-    """Normalize the per-engine device entries to ``{"device": str, "cpus"|"gpus": [int]}``."""
-    slots = []
-    for entry in devices:
-        if isinstance(entry, str):
-            if entry.startswith("cuda"):
-                index = entry.partition(":")[2]
-                slots.append({"device": "cuda", "gpus": [int(index or 0)]})
-            else:
-                slots.append({"device": "cpu", "cpus": []})
-            continue
-        ids = [int(entry)] if isinstance(entry, int) else [int(i) for i in entry]
-        slots.append({"device": "cuda", "gpus": ids} if kind == "cuda" else {"device": "cpu", "cpus": ids})
-    return slots
-
-
-class ManagedProcesses:
-    """Engine processes started by a driver, with their logs; shared by the hf and sglang drivers."""
-
-    def __init__(self, log_dir: str | os.PathLike | None) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="agentrl-engines-") if log_dir is None else None
-        self.log_dir = Path(log_dir or self._tmp.name)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.processes: list[tuple[str, subprocess.Popen, Path]] = []
-
-    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
-        log_path = self.log_dir / f"{name}.log"
-        with open(log_path, "ab") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                    preexec_fn=detach_and_die_with_parent)
-        self.processes.append((name, proc, log_path))
-        log.info("started engine %s (pid %d): %s", name, proc.pid, " ".join(cmd))
-        return proc, log_path
-
-    def check_alive(self, name: str, proc: subprocess.Popen, log_path: Path) -> None:
-        if proc.poll() is not None:
-            raise EngineLaunchError(f"engine {name} exited with code {proc.returncode} during startup; the end of "
-                                    f"its log {log_path}:\n{tail(log_path)}")
-
-    def terminate(self, grace: float = 10.0) -> None:
-        for _, proc, _ in self.processes:
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + grace
-        for name, proc, _ in self.processes:
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("engine %s did not stop within %.0f s; killing it", name, grace)
-                proc.kill()
-                proc.wait(5)
-        self.processes.clear()
-
-    def cleanup(self) -> None:
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def wait_healthy(url: str, deadline: float, alive: Any) -> None:
-    """Poll ``url/health`` until 200; ``alive()`` raises when the process died."""
-    with httpx.Client(timeout=5.0, trust_env=False) as http:
-        while True:
-            alive()
-            try:
-                if http.get(url + "/health").status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise EngineLaunchError(f"the engine at {url} did not become healthy in time")
-            time.sleep(0.5)
 
 
 class HFDriver:
@@ -159,10 +64,10 @@ class HFDriver:
     def command(self, model_path: str, slot: dict[str, Any], port_file: Path, name: str,
                 index: int = 0) -> tuple[list[str], dict]:
         hf = self.config.hf
-        cmd = [self.python, "-m", "agentrl_core.cli.main", "engine", "serve", "--model", str(model_path),
-               "--host", self.host, "--port", "0", "--port-file", str(port_file),
-               "--max-running-requests", str(hf.max_running_requests), "--dtype", hf.dtype,
-               "--served-model-name", name, "--seed", str(self.seed + index)]
+        cmd = agentrl_command("engine", "serve", "--model", str(model_path), "--host", self.host, "--port", "0",
+                              "--port-file", str(port_file), "--max-running-requests", str(hf.max_running_requests),
+                              "--dtype", hf.dtype, "--served-model-name", name, "--seed", str(self.seed + index),
+                              python=self.python)
         env: dict[str, str] = {}
         if slot["device"] == "cuda":
             if slot["gpus"]:

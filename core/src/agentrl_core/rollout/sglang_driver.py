@@ -40,7 +40,7 @@ from typing import Any
 
 from agentrl_core.config import EngineConfig, ModelConfig
 from agentrl_core.http.ports import free_port
-from agentrl_core.rollout.hf_driver import EngineLaunchError, ManagedProcesses, wait_healthy
+from agentrl_core.rollout.drivers import EngineLaunchError, ManagedProcesses, wait_healthy
 
 log = logging.getLogger(__name__)
 

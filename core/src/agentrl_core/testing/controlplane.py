@@ -20,9 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
-import sys
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -32,6 +30,7 @@ from agentrl_core.controlplane.controller import Controller
 from agentrl_core.controlplane.worker import TaskWorker
 from agentrl_core.errors import EnvError
 from agentrl_core.http.server import bind_socket
+from agentrl_core.processes import ChildProcess, agentrl_command, popen
 from agentrl_core.protocols import Environment
 
 
@@ -86,42 +85,30 @@ async def local_control_plane(config: ControllerConfig | None = None) -> AsyncIt
         await plane.aclose()
 
 
-class Spawned:
-    """A child ``agentrl`` process and the URL it printed when it started listening."""
+class Spawned(ChildProcess):
+    """A child ``agentrl`` process and the URL it printed when it started listening.
 
-    def __init__(self, proc: subprocess.Popen, url: str, first_line: str) -> None:
-        self.proc = proc
+    It shares the test's process group (Ctrl-C reaches it), and ``stop``/``kill`` signal
+    it alone.
+    """
+
+    def __init__(self, proc: subprocess.Popen, url: str, first_line: str, name: str = "agentrl") -> None:
+        super().__init__(name, proc, group=False)
         self.url = url
         self.first_line = first_line
         # Keep reading stdout so the child never blocks on a full pipe.
         threading.Thread(target=_drain, args=(proc,), daemon=True).start()
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self, timeout: float = 20.0) -> int:
+    def stop(self, timeout: float = 20.0) -> int:  # type: ignore[override]
         """SIGTERM and wait (SIGKILL after ``timeout``); returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        """SIGKILL: the process gets no chance to clean up (a crashed worker)."""
-        self.proc.kill()
-        self.proc.wait()
+        return super().stop(timeout)  # type: ignore[return-value]
 
 
 def spawn(command: str, *args: str, env: Mapping[str, str] | None = None, python: str | None = None,
           timeout: float = 60.0, extra_args: Sequence[str] = ()) -> Spawned:
     """Start ``agentrl <command> ...`` and wait until it prints its listening URL."""
-    cmd = [python or sys.executable, "-m", "agentrl_core.cli.main", *extra_args, command, *args]
-    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, text=True)
+    cmd = agentrl_command(*extra_args, command, *args, python=python)
+    proc = popen(cmd, env={**os.environ, **(env or {})}, detach=False, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = _readline(proc, timeout)
     if "listening on" not in line:
@@ -129,7 +116,7 @@ def spawn(command: str, *args: str, env: Mapping[str, str] | None = None, python
         proc.wait()
         raise EnvError(f"agentrl {command} did not start (exit code {proc.returncode}): {line.strip() or 'no output'}")
     url = next(word for word in line.split() if word.startswith("http://"))
-    return Spawned(proc, url, line)
+    return Spawned(proc, url, line, name=f"agentrl {command}")
 
 
 def _drain(proc: subprocess.Popen) -> None:

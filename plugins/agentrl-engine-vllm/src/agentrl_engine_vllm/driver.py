@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 
 from agentrl_core.config import EngineConfig
-from agentrl_core.rollout.hf_driver import (
+from agentrl_core.rollout.drivers import (
     EngineLaunchError,
     ManagedProcesses,
     engine_slots,

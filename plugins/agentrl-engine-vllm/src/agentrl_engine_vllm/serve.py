@@ -71,7 +71,7 @@ class VLLMChild:
     """The vLLM server process group: started detached, stopped (and killed) as a whole."""
 
     def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
-        from agentrl_core.launch.processes import detach_and_die_with_parent
+        from agentrl_core.processes import detach_and_die_with_parent
 
         log.info("starting vLLM: %s", " ".join(cmd))
         self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, preexec_fn=detach_and_die_with_parent)
