@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import cluster_hooks
 import learner_hooks
 
+from agentrl_core.engine.process import BackgroundEngine
+from agentrl_core.engine.server import EngineServer
 from agentrl_core.rollout.engine_client import EngineClient, EnginePool
-from agentrl_core.rollout.engine_process import BackgroundEngine
-from agentrl_core.rollout.engine_server import EngineServer
 from agentrl_core.rollout.model_init import init_model
 
 RESULTS = Path(__file__).parents[1] / "results" / "gpu_check.json"

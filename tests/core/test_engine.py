@@ -11,12 +11,12 @@ import pytest
 import torch
 import transformers
 
+from agentrl_core.engine.model import EngineModel, load_hf_model
+from agentrl_core.engine.process import BackgroundEngine
+from agentrl_core.engine.sampling import SamplingParams, truncate
+from agentrl_core.engine.scheduler import Request, Scheduler
+from agentrl_core.engine.server import EngineServer
 from agentrl_core.rollout.engine_client import EngineClient, EngineError, EnginePool
-from agentrl_core.rollout.engine_model import EngineModel, load_hf_model
-from agentrl_core.rollout.engine_process import BackgroundEngine
-from agentrl_core.rollout.engine_sampling import SamplingParams, truncate
-from agentrl_core.rollout.engine_scheduler import Request, Scheduler
-from agentrl_core.rollout.engine_server import EngineServer
 
 pytestmark = pytest.mark.anyio
 
@@ -395,8 +395,8 @@ async def test_distributed_update_in_buckets_between_pause_and_continue(tiny_mod
     import torch.distributed as dist
 
     from agentrl_core.config import EngineConfig
+    from agentrl_core.engine.weight_group import init_weight_update_group
     from agentrl_core.rollout.hf_driver import HFDriver
-    from agentrl_core.rollout.weight_group import init_weight_update_group
 
     torch.manual_seed(5)
     new = {name: (p + torch.randn_like(p) * 0.05).contiguous() for name, p in reference.named_parameters()}

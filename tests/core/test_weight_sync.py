@@ -1,6 +1,6 @@
 """Weight sync: every parameter arrives bit-exact in two real engine servers.
 
-The engines are the rollout issue's HF engine server (``agentrl_core.rollout.engine_server``)
+The engines are the rollout issue's HF engine server (``agentrl_core.engine.server``)
 in two subprocesses. The harness at the bottom of this file runs one and adds a single
 test-only route, ``/test/dump_weights``, that writes the engine model's parameters to a
 safetensors file, so the test can compare them with the learner's bit for bit.
@@ -250,7 +250,7 @@ def _serve(model_dir: str, port_file: str) -> None:
 
     from safetensors.torch import save_file
 
-    from agentrl_core.rollout.engine_server import EngineServer
+    from agentrl_core.engine.server import EngineServer
 
     torch.set_num_threads(1)
     server = EngineServer(model_dir, device="cpu", max_running_requests=4)

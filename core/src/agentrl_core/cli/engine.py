@@ -32,8 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from agentrl_core.engine.process import serve_main
     from agentrl_core.modelpath import check_model_path
-    from agentrl_core.rollout.engine_process import serve_main
 
     check_model_path(args.model, key="--model")
     return serve_main(args)

@@ -292,7 +292,7 @@ class CollectiveTransport:
 
     def connect(self, learner_rank0: str | None, engines: Sequence[str]) -> None:
         """Form the group: ``learner_rank0`` is the address engines reach this process at."""
-        from agentrl_core.rollout.weight_group import init_weight_update_group
+        from agentrl_core.engine.weight_group import init_weight_update_group
 
         if self.group is not None:
             raise WeightSyncError("this transport is already connected; close() it first")
@@ -404,7 +404,7 @@ class CollectiveTransport:
         except WeightSyncError as exc:
             log.debug("after a failed connect: %s", exc)
         if group is not None:
-            from agentrl_core.rollout.weight_group import destroy_weight_update_group
+            from agentrl_core.engine.weight_group import destroy_weight_update_group
 
             destroy_weight_update_group(group)
         self.engines.close()
@@ -419,7 +419,7 @@ class CollectiveTransport:
             except WeightSyncError as exc:
                 log.warning("engines could not destroy the weight-update group: %s", exc)
         if self.group is not None:
-            from agentrl_core.rollout.weight_group import destroy_weight_update_group
+            from agentrl_core.engine.weight_group import destroy_weight_update_group
 
             destroy_weight_update_group(self.group)
             self.group = None

@@ -13,7 +13,7 @@ Every iteration of the scheduler thread
    several iterations and never stalls the others); every request whose last token was fed
    samples one token; finished requests leave, their slot keeps its tokens for prefix reuse.
 
-Sampling: :mod:`~agentrl_core.rollout.engine_sampling`.
+Sampling: :mod:`~agentrl_core.engine.sampling`.
 
 Weight versions: a request records the engine's weight version when it is admitted. Weights
 change only while generation is paused, and pausing aborts every running request, so all
@@ -35,8 +35,8 @@ from typing import Any
 import torch
 from attrs import define, field, frozen
 
-from agentrl_core.rollout.engine_model import EngineModel
-from agentrl_core.rollout.engine_sampling import SamplingParams, sample
+from agentrl_core.engine.model import EngineModel
+from agentrl_core.engine.sampling import SamplingParams, sample
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from agentrl_core.rollout.engine_server import EngineServer
+from agentrl_core.engine.server import EngineServer
 
 log = logging.getLogger(__name__)
 

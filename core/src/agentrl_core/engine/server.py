@@ -18,7 +18,7 @@ Routes (the wire contract is documented in ``core/docs/engine.md``):
 ``GET /v1/models``
 =================================  =========================================================
 
-The model runs on the scheduler thread (:mod:`~agentrl_core.rollout.engine_scheduler`);
+The model runs on the scheduler thread (:mod:`~agentrl_core.engine.scheduler`);
 handlers only validate, queue and await, so the event loop never runs a forward pass.
 """
 
@@ -29,81 +29,19 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl_core.engine.sampling import SamplingParams, parse_sampling_params
+from agentrl_core.engine.scheduler import Completion, EngineConflict, Scheduler
+from agentrl_core.engine.scheduler import Request as EngineRequest
 from agentrl_core.http.server import App, HTTPError, Request, Response, bind_socket, json_response, serve_app
-from agentrl_core.rollout.engine_sampling import SamplingParams
-from agentrl_core.rollout.engine_scheduler import Completion, EngineConflict, Scheduler
-from agentrl_core.rollout.engine_scheduler import Request as EngineRequest
 from agentrl_core.types import ToolParserSpec
 
 log = logging.getLogger(__name__)
 
-_SAMPLING_KEYS = {
-    "temperature", "top_p", "top_k", "min_p", "max_new_tokens", "stop", "stop_token_ids", "ignore_eos",
-    "skip_special_tokens", "seed", "sampling_seed", "no_stop_trim", "n", "frequency_penalty", "presence_penalty",
-    "repetition_penalty", "min_new_tokens", "spaces_between_special_tokens",
-}
-_NEUTRAL = {"n": 1, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0}
 _TORCH_DTYPES = {"float32", "float", "bfloat16", "float16", "half", "float64", "int64", "int32", "uint8", "int8", "bool"}
-
-
-def parse_sampling_params(raw: Any) -> tuple[SamplingParams, bool]:
-    """SGLang ``sampling_params`` -> (SamplingParams, no_stop_trim); a clear 400 for anything wrong."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, Mapping):
-        raise HTTPError(400, "sampling_params must be a JSON object")
-    unknown = sorted(set(raw) - _SAMPLING_KEYS)
-    if unknown:
-        raise HTTPError(400, f"unknown sampling_params {unknown}; the hf engine takes {sorted(_SAMPLING_KEYS)}")
-    for key, neutral in _NEUTRAL.items():
-        if key in raw and raw[key] is not None and raw[key] != neutral:
-            raise HTTPError(400, f"sampling_params.{key}={raw[key]!r} is not supported by the hf engine "
-                                 f"(only {neutral!r})")
-
-    def number(key: str, default: float, kind: type = float) -> Any:
-        value = raw.get(key, default)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-            raise HTTPError(400, f"sampling_params.{key} must be {'an integer' if kind is int else 'a number'}, "
-                                 f"got {value!r}")
-        return kind(value)
-
-    temperature = number("temperature", 1.0)
-    top_p = number("top_p", 1.0)
-    top_k = number("top_k", -1, int)
-    min_p = number("min_p", 0.0)
-    max_new = number("max_new_tokens", 128, int)
-    if temperature < 0:
-        raise HTTPError(400, f"sampling_params.temperature must be >= 0, got {temperature}")
-    if not 0.0 < top_p <= 1.0:
-        raise HTTPError(400, f"sampling_params.top_p must be in (0, 1], got {top_p}")
-    if not 0.0 <= min_p <= 1.0:
-        raise HTTPError(400, f"sampling_params.min_p must be in [0, 1], got {min_p}")
-    if max_new < 1:
-        raise HTTPError(400, f"sampling_params.max_new_tokens must be >= 1, got {max_new}")
-    stop = raw.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else stop
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
-        raise HTTPError(400, "sampling_params.stop must be a string or a list of non-empty strings")
-    stop_ids = raw.get("stop_token_ids") or ()
-    if not isinstance(stop_ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                          for t in stop_ids):
-        raise HTTPError(400, "sampling_params.stop_token_ids must be a list of token ids")
-    seed = raw.get("seed", raw.get("sampling_seed"))
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise HTTPError(400, f"sampling_params.seed must be an integer, got {seed!r}")
-    params = SamplingParams(
-        temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1, min_p=min_p,
-        max_new_tokens=max_new, stop_token_ids=tuple(stop_ids), stop=tuple(stop),
-        ignore_eos=bool(raw.get("ignore_eos", False)), seed=seed,
-        skip_special_tokens=bool(raw.get("skip_special_tokens", True)),
-    )
-    return params, bool(raw.get("no_stop_trim", False))
 
 
 def _weight_response(success: bool, message: str, status: int | None = None, **extra: Any) -> Response:
@@ -131,8 +69,8 @@ class EngineServer:
     ) -> None:
         from transformers import AutoTokenizer, GenerationConfig
 
+        from agentrl_core.engine.model import EngineModel, load_hf_model
         from agentrl_core.registry import Registry
-        from agentrl_core.rollout.engine_model import EngineModel, load_hf_model
 
         self.model_path = str(model_path)
         self.device = device
@@ -214,10 +152,10 @@ class EngineServer:
             ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
         ]:
             app.route(method, path, handler)
-        from agentrl_core.rollout import engine_openai
+        from agentrl_core.engine import openai_api
 
-        app.route("POST", "/v1/chat/completions", lambda request: engine_openai.chat_completions(self, request))
-        app.route("GET", "/v1/models", lambda request: engine_openai.list_models(self, request))
+        app.route("POST", "/v1/chat/completions", lambda request: openai_api.chat_completions(self, request))
+        app.route("GET", "/v1/models", lambda request: openai_api.list_models(self, request))
         return app
 
     async def _command(self, fn: Callable[[], Any]) -> Any:
@@ -383,7 +321,7 @@ class EngineServer:
     # Weight updates
 
     async def init_weights_update_group(self, request: Request) -> Response:
-        from agentrl_core.rollout.weight_group import init_weight_update_group
+        from agentrl_core.engine.weight_group import init_weight_update_group
 
         body = request.json_object()
         try:
@@ -512,7 +450,7 @@ def _check_tensors(model: Any, named: list[tuple[str, Any]], *, complete: bool =
         n, got, want = wrong[0]
         raise ValueError(f"{n} has shape {got}, the model's is {want}")
     if complete:
-        from agentrl_core.rollout.engine_scheduler import _canonical
+        from agentrl_core.engine.scheduler import _canonical
 
         missing = model.required_names() - {_canonical(model, n) for n, _ in named}
         if missing:
@@ -521,7 +459,7 @@ def _check_tensors(model: Any, named: list[tuple[str, Any]], *, complete: bool =
 
 def _destroy_group(group: Any) -> None:
     try:
-        from agentrl_core.rollout.weight_group import destroy_weight_update_group
+        from agentrl_core.engine.weight_group import destroy_weight_update_group
 
         destroy_weight_update_group(group)
     except Exception as exc:  # best effort at shutdown

@@ -13,11 +13,11 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from agentrl_core.engine.sampling import parse_sampling_params
 from agentrl_core.http.server import HTTPError, Request
-from agentrl_core.rollout.engine_server import parse_sampling_params
 
 if TYPE_CHECKING:
-    from agentrl_core.rollout.engine_server import EngineServer
+    from agentrl_core.engine.server import EngineServer
 
 
 async def list_models(server: EngineServer, request: Request) -> Any:
