@@ -48,7 +48,7 @@ import torch
 from agentrl_core.config import EngineConfig, HFEngineOptions
 from agentrl_core.rollout.engine_client import EngineClient, EnginePool
 from agentrl_core.rollout.hf_driver import HFDriver
-from agentrl_core.rollout.model_init import init_model
+from agentrl_core.tinymodel import init_model
 
 RESULTS = Path(__file__).parent / "results" / "engine_throughput.json"
 

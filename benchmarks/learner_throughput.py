@@ -69,7 +69,7 @@ def main() -> int:
     import torch
 
     from agentrl_core.config import OptimConfig, TrainConfig
-    from agentrl_core.rollout.model_init import init_model
+    from agentrl_core.tinymodel import init_model
     from agentrl_core.train.learner import Learner, init_distributed
 
     if args.threads:

@@ -49,7 +49,7 @@ import learner_hooks
 from agentrl_core.engine.process import BackgroundEngine
 from agentrl_core.engine.server import EngineServer
 from agentrl_core.rollout.engine_client import EngineClient, EnginePool
-from agentrl_core.rollout.model_init import init_model
+from agentrl_core.tinymodel import init_model
 
 RESULTS = Path(__file__).parents[1] / "results" / "gpu_check.json"
 

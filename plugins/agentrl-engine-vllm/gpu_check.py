@@ -25,7 +25,7 @@ import torch
 
 from agentrl_core.config import EngineConfig
 from agentrl_core.rollout.engine_client import EngineClient
-from agentrl_core.rollout.model_init import init_model
+from agentrl_core.tinymodel import init_model
 from agentrl_core.train.weight_sync import DiskTransport
 
 

@@ -8,6 +8,6 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny Qwen2 model + tokenizer + chat template (``agentrl model init --size tiny``), built once."""
-    from agentrl_core.rollout.model_init import init_model
+    from agentrl_core.tinymodel import init_model
 
     return init_model(tmp_path_factory.mktemp("tiny_model"), "tiny", seed=0)

@@ -16,7 +16,7 @@ needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (nox
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny Qwen2 model + tokenizer (``agentrl model init --size tiny``), built once."""
-    from agentrl_core.rollout.model_init import init_model
+    from agentrl_core.tinymodel import init_model
 
     return init_model(tmp_path_factory.mktemp("tiny_model"), "tiny", seed=0)
 

@@ -91,7 +91,7 @@ class ScriptedPolicy:
 def tokenizer(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from agentrl_core.rollout.model_init import init_model
+    from agentrl_core.tinymodel import init_model
 
     return AutoTokenizer.from_pretrained(init_model(tmp_path_factory.mktemp("tiny"), "tiny"))
 

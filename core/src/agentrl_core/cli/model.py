@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_init(args: argparse.Namespace) -> int:
-    from agentrl_core.rollout.model_init import init_model
+    from agentrl_core.tinymodel import init_model
 
     out = init_model(args.out, args.size, args.seed, data_dir=args.data_dir)
     print(f"wrote a {args.size} Qwen2 model with its tokenizer and chat template to {out}")

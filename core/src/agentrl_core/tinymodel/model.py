@@ -11,7 +11,7 @@ a model made on the spot:
 * Qwen2.5's special tokens (``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``,
   ``<tool_call>``, ``</tool_call>``, ...), plus ``<tool_response>``/``</tool_response>``
   as ordinary added tokens (as Qwen3 has them);
-* the Qwen2.5-style chat template of :mod:`agentrl_core.rollout.chat_template`;
+* the Qwen2.5-style chat template of :mod:`agentrl_core.tinymodel.chat_template`;
 * a randomly initialised ``Qwen2ForCausalLM`` (tied embeddings, fp32 safetensors).
 
 The result is a normal Hugging Face directory: ``AutoTokenizer.from_pretrained(path)`` and
@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agentrl_core.rollout.chat_template import QWEN25_CHAT_TEMPLATE
+from agentrl_core.tinymodel.chat_template import QWEN25_CHAT_TEMPLATE
 
 log = logging.getLogger(__name__)
 
