@@ -129,7 +129,7 @@ class Evaluation:
                                   pools=self._pools, mode=self.config.eval.mode)
 
     async def _openai_player(self, client: Any) -> Any:
-        from agentrl_core.eval.openai_loop import OpenAIChatLoop
+        from agentrl_core.rollout.openai_loop import OpenAIChatLoop
 
         c = self.config
         temperature = c.eval.temperature if c.eval.temperature is not None else c.rollout.temperature
