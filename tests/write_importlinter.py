@@ -1,15 +1,36 @@
 """Write the import-linter config: the import rules of docs/architecture.md section 2.
 
-Core imports no plugin and plugins do not import each other; inside core, the plugin layer
-(config, registry, plugins, hookspecs, types, errors) is layered without cycles. The plugin
-import names come from plugins/*/src/, so a new plugin is covered automatically.
-``TYPE_CHECKING`` imports are not counted: they are annotations, not dependencies.
+Core imports no plugin and plugins do not import each other. Inside core: the packages are
+layered (CORE_LAYERS), the plugin-author API (agentrl_core.env) imports no service, train
+does not import launch, nothing but tests imports agentrl_core.testing, and no sibling
+packages or modules import each other in a cycle. The plugin import names come from
+plugins/*/src/, so a new plugin is covered automatically. ``TYPE_CHECKING`` imports are not
+counted: they are annotations, not dependencies.
 """
 
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Core's layers, highest first: a layer may import the layers below it, never one above;
+# "a | b" are independent siblings (neither imports the other).
+CORE_LAYERS = [
+    "cli",
+    "jobs | testing",
+    "launch",
+    "train | eval",
+    "rollout",
+    "engine | controlplane",
+    "env | http | processes | tinymodel",
+    "config",
+    "registry",
+    "plugins | builtins",
+    "hookspecs",
+    "protocols | structure | datafiles | modelpath",
+    "types",
+    "errors | _version",
+]
 
 
 def _contract(key: str, name: str, kind: str, **lists: list[str]) -> list[str]:
@@ -34,16 +55,8 @@ def main(out: str) -> None:
         ),
         *_contract("plugins-are-independent", "plugins do not import each other", "independence", modules=plugins),
         *_contract(
-            "plugin-layer", "the plugin layer is layered (config > registry > plugins > hookspecs > types > errors)",
-            "layers",
-            layers=[
-                "agentrl_core.config",
-                "agentrl_core.registry",
-                "agentrl_core.plugins",
-                "agentrl_core.hookspecs",
-                "agentrl_core.types",
-                "agentrl_core.errors",
-            ],
+            "core-layers", "core is layered (docs/architecture.md section 2)", "layers",
+            containers=["agentrl_core"], layers=CORE_LAYERS,
         ),
         *_contract(
             "env-api-imports-no-service",
@@ -51,16 +64,25 @@ def main(out: str) -> None:
             "forbidden",
             source_modules=["agentrl_core.env"],
             forbidden_modules=[f"agentrl_core.{m}" for m in (
-                "config", "registry", "plugins", "http", "controlplane", "rollout", "train", "eval",
-                "launch", "testing", "cli",
+                "config", "registry", "plugins", "http", "processes", "controlplane", "engine", "rollout",
+                "train", "eval", "launch", "jobs", "testing", "tinymodel", "cli",
             )],
         ),
         *_contract(
             "nothing-imports-testing", "only tests import agentrl_core.testing", "forbidden",
             source_modules=[f"agentrl_core.{m}" for m in (
-                "cli", "launch", "train", "eval", "rollout", "controlplane",
+                "cli", "jobs", "launch", "train", "eval", "rollout", "engine", "controlplane",
             )],
             forbidden_modules=["agentrl_core.testing"],
+        ),
+        *_contract(
+            "train-does-not-import-launch", "train does not import launch, jobs or eval", "forbidden",
+            source_modules=["agentrl_core.train"],
+            forbidden_modules=["agentrl_core.launch", "agentrl_core.jobs", "agentrl_core.eval"],
+        ),
+        *_contract(
+            "no-cycles", "no import cycles between sibling packages or modules anywhere in core",
+            "acyclic_siblings", ancestors=["agentrl_core"],
         ),
     ]
     Path(out).write_text("\n".join(lines))

@@ -68,7 +68,7 @@ async def test_a_paused_sglang_engine_is_not_restarted_but_a_dead_one_is(sglang_
 
 
 async def test_a_weight_sync_that_hangs_stops_the_run():
-    from agentrl_core.train.pipeline import Trainer, WeightSyncTimeout
+    from agentrl_core.jobs.training import Trainer, WeightSyncTimeout
 
     class Stuck:
         async def all_ranks(self, method, *args):

@@ -131,7 +131,7 @@ def test_colocated_sync_mode_shares_each_gpu(fake_gpus, tiny_model_dir, tmp_path
 
 def test_on_a_cluster_the_gpus_are_the_clusters_not_the_drivers(fake_gpus):
     # the driver of `agentrl train --address` may run on a node without GPUs (this one has none)
-    from agentrl_core.train.pipeline import Trainer
+    from agentrl_core.jobs.training import Trainer
 
     config = config_from_dict({"model": {"path": "/m"}, "tasks": [{"env": "calc"}],
                                "launch": {"address": "auto"}}, validate_plugins=False)

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
 
     from agentrl_core.config import load_config
     from agentrl_core.errors import ConfigError
-    from agentrl_core.eval.session import Evaluation
+    from agentrl_core.jobs.evaluation import Evaluation
     from agentrl_core.modelpath import check_model_path
     from agentrl_core.registry import Registry
 

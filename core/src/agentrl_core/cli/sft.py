@@ -15,8 +15,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from agentrl_core.config import load_config
+    from agentrl_core.jobs.sft import run_sft
     from agentrl_core.modelpath import check_model_path
-    from agentrl_core.train.sft import run_sft
 
     config = load_config(args.config, args.overrides)
     check_model_path(config.model.path)

@@ -17,9 +17,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from agentrl_core.config import load_config
+    from agentrl_core.jobs.training import Trainer
     from agentrl_core.modelpath import check_model_path
     from agentrl_core.registry import Registry
-    from agentrl_core.train.pipeline import Trainer
 
     overrides = list(args.overrides)
     if args.address:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -165,26 +164,3 @@ def print_summaries(summaries: dict[str, dict[str, TaskSummary]], echo: Callable
     for model, tasks in summaries.items():
         echo(f"\n== {model} ==")
         echo(format_table(tasks))
-
-
-class Progress:
-    """A one-line live progress report on stderr (rich when available)."""
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.t0 = time.monotonic()
-        self.last = 0.0
-
-    def __call__(self, done: int, total: int) -> None:
-        import sys
-
-        now = time.monotonic()
-        if now - self.last < 1.0 and done != total:
-            return
-        self.last = now
-        rate = done / max(now - self.t0, 1e-9)
-        eta = (total - done) / rate if rate > 0 else float("inf")
-        print(f"\r{self.label}: {done}/{total} episodes, {rate:.1f}/s, eta {eta:.0f} s", end="", file=sys.stderr,
-              flush=True)
-        if done == total:
-            print(file=sys.stderr)

@@ -49,7 +49,7 @@ def available_devices(kind: str, limit: int | None = None) -> list[int]:
     return devices[:limit] if limit else devices
 
 
-def _split(devices: Sequence[int], parts: int) -> list[list[int]]:
+def split_devices(devices: Sequence[int], parts: int) -> list[list[int]]:
     """Split devices into ``parts`` contiguous, nearly equal, non-empty groups."""
     parts = max(1, min(parts, len(devices)))
     size, extra = divmod(len(devices), parts)
@@ -79,13 +79,13 @@ def plan_placement(
     if mode == "sync" or len(devices) == 1:
         if mode == "async":
             log.warning("only one %s device: async mode runs learner and engines colocated", kind)
-        learner = _split(devices, learner_ranks)
+        learner = split_devices(devices, learner_ranks)
         pool_devices = {p.name: devices for p in pools}
         colocated = True
     else:
         n_rollout = min(len(devices) - 1, max(1, round(len(devices) * rollout_ratio)))
         rollout, learner_devs = devices[:n_rollout], devices[n_rollout:]
-        learner = _split(learner_devs, learner_ranks)
+        learner = split_devices(learner_devs, learner_ranks)
         pool_devices = _share(rollout, pools)
         colocated = False
     if len(learner) < learner_ranks:
@@ -102,7 +102,7 @@ def plan_placement(
                 raise ConfigError(f"pool {pool.name!r} has {len(devs)} GPUs, fewer than engine tp_size={tp_size}")
             placed[pool.name] = [devs[i * tp_size:(i + 1) * tp_size] for i in range(n)]
         else:
-            placed[pool.name] = _split(devs, engines_per_pool or 1)
+            placed[pool.name] = split_devices(devs, engines_per_pool or 1)
     return Placement(kind, learner, placed, colocated)
 
 

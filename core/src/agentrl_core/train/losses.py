@@ -140,3 +140,12 @@ def ppo_dual_clip(
 def ppo_dual_clip_loss(config: Any = None, **_: Any):
     """Registry factory for ``ppo_dual_clip``: returns :func:`ppo_dual_clip`."""
     return ppo_dual_clip
+
+
+def sft_nll_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: Any, advantages: torch.Tensor,
+                 loss_mask: torch.Tensor, config: Any, *, num_tokens: float | None = None,
+                 num_seqs: float | None = None, **_: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """Negative log-likelihood of the loss-masked tokens, this call's share of the batch mean."""
+    nll = -logprobs.float()
+    loss = aggregate(nll, loss_mask, "token-mean", num_tokens=num_tokens)
+    return loss, {"loss": float(loss.detach()), "nll": float(loss.detach())}

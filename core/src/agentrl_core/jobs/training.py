@@ -31,9 +31,9 @@ import yaml
 
 from agentrl_core.config import Config, config_to_dict
 from agentrl_core.errors import AgentrlError, ConfigError
+from agentrl_core.jobs.progress import TrainProgress
 from agentrl_core.registry import Registry
 from agentrl_core.train.engine_watch import EngineWatchdog
-from agentrl_core.train.progress import Progress
 from agentrl_core.train.rollout_manager import RolloutManager, default_max_consecutive_drops, warmup_minimum
 from agentrl_core.train.step_metrics import batch_metrics, lag_histogram, sample_rollouts
 from agentrl_core.types import (
@@ -61,7 +61,7 @@ class Trainer:
         self.aborted = False  # second signal: tear down now
         self._wait_scope: anyio.CancelScope | None = None
         self.history: list[dict[str, Any]] = []
-        self.progress: Progress | None = None
+        self.progress: TrainProgress | None = None
         self._engine_busy: dict[str, tuple[float, float]] = {}
         self._validate_config()
 
@@ -211,7 +211,7 @@ class Trainer:
             self.normalizers = [self.registry.build(AdvantageNormalizerSpec, n, c.advantage.options.get(n))
                                 for n in c.advantage.normalizers]
             try:
-                self.progress = Progress(c.train.total_steps, self._snapshot, echo=self.echo) \
+                self.progress = TrainProgress(c.train.total_steps, self._snapshot, echo=self.echo) \
                     if c.logging.progress else None
                 summary: dict[str, Any] = {}  # set by _finish; an aborted run raises instead
                 async with anyio.create_task_group() as watch:

@@ -18,7 +18,6 @@ from agentrl_core.config import Config, EvalModelConfig
 from agentrl_core.errors import ConfigError
 from agentrl_core.eval.runner import (
     EvalRequest,
-    Progress,
     ResultWriter,
     build_requests,
     eval_tasks,
@@ -26,6 +25,7 @@ from agentrl_core.eval.runner import (
     print_summaries,
     run_requests,
 )
+from agentrl_core.jobs.progress import EpisodeProgress
 from agentrl_core.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -80,14 +80,14 @@ class Evaluation:
         return path
 
     def _engines(self) -> dict[str, list[str]]:
-        from agentrl_core.launch.placement import _split, available_devices
+        from agentrl_core.launch.placement import available_devices, split_devices
         from agentrl_core.rollout.drivers import build_engine_driver
 
         launch = {name: m for name, m in self.models.items() if not m.urls}
         urls = {name: list(m.urls) for name, m in self.models.items() if m.urls}
         if launch:
             kind = "cuda" if self.config.engine.device == "cuda" else "cpu"
-            groups = _split(available_devices(kind), len(launch))
+            groups = split_devices(available_devices(kind), len(launch))
             for i, (name, m) in enumerate(launch.items()):
                 driver = build_engine_driver(self.config, registry=self.registry, log_dir=str(self.out_dir / "logs"))
                 self.drivers.append(driver)
@@ -109,7 +109,7 @@ class Evaluation:
             self.echo(f"evaluating {len(requests)} episodes ({mode}, {c.eval.repeats} repeats, "
                       f"{len(self.tasks)} tasks, models {', '.join(names)})")
             await run_requests(requests, play, concurrency=c.eval.concurrency, on_result=writer.add,
-                               progress=Progress("eval"))
+                               progress=EpisodeProgress("eval"))
             await self._close()
         summaries = writer.close({"mode": mode, "repeats": c.eval.repeats, "seconds": time.monotonic() - t0})
         print_summaries(summaries, self.echo)

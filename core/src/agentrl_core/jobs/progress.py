@@ -1,9 +1,11 @@
-"""Live progress of a training run in the terminal (rich), or one line per step in logs.
+"""Live progress of the jobs: a training run's panel and an evaluation's episode counter.
 
-On a terminal a panel refreshes every second, also between learner steps, with what the
-run is doing now: the step, episodes finished and in flight, the buffer, the last batch's
-reward and success per task, throughput and version lag. When output is not a terminal
-(CI, ``nohup``) only the per-step line is printed.
+:class:`TrainProgress`: on a terminal a panel (rich) refreshes every second, also between
+learner steps, with what the run is doing now: the step, episodes finished and in flight,
+the buffer, the last batch's reward and success per task, throughput and version lag. When
+output is not a terminal (CI, ``nohup``) only the per-step line is printed.
+
+:class:`EpisodeProgress`: one line on stderr, ``eval: done/total episodes, rate, eta``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import Any
 import anyio
 
 
-class Progress:
+class TrainProgress:
+    """The live panel of a training run (a terminal), or one line per step (logs)."""
+
     def __init__(self, total_steps: int, snapshot: Callable[[], dict[str, Any]], *, echo: Callable[[str], None] = print,
                  live: bool | None = None) -> None:
         self.total_steps = total_steps
@@ -78,3 +82,26 @@ def step_line(m: dict[str, Any], total: int) -> str:
         f"loss {m.get('learner/loss', 0.0):.4f}  tok/s {m.get('trained_tokens_per_s', 0.0):.0f}  "
         f"step {m.get('time/step_s', 0.0):.1f}s (wait {m.get('time/wait_rollout_s', 0.0):.1f}s)"
     )
+
+
+class EpisodeProgress:
+    """A one-line live progress report on stderr (rich when available)."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.t0 = time.monotonic()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        import sys
+
+        now = time.monotonic()
+        if now - self.last < 1.0 and done != total:
+            return
+        self.last = now
+        rate = done / max(now - self.t0, 1e-9)
+        eta = (total - done) / rate if rate > 0 else float("inf")
+        print(f"\r{self.label}: {done}/{total} episodes, {rate:.1f}/s, eta {eta:.0f} s", end="", file=sys.stderr,
+              flush=True)
+        if done == total:
+            print(file=sys.stderr)

@@ -2,7 +2,7 @@
 
 Demonstrations (docs/architecture.md section 3; ``agentrl demos`` writes them from an environment's
 oracle) are encoded exactly as rollouts are (:mod:`agentrl_core.train.sft_data`); the loss
-is the token-mean negative log-likelihood of the assistant tokens (loss_mask 1), computed
+(:func:`agentrl_core.train.losses.sft_nll_loss`) is the token-mean negative log-likelihood of the assistant tokens (loss_mask 1), computed
 by the FSDP2 :class:`~agentrl_core.train.learner.Learner` at temperature 1, so SFT and RL
 share micro-batching, sharding and checkpoint formats. Run it in one process, or with
 ``torchrun --nproc-per-node N -m agentrl_core.cli.main sft ...`` on several ranks.
@@ -18,22 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import torch
 
 from agentrl_core.config import Config
 from agentrl_core.errors import ConfigError
-from agentrl_core.train.losses import aggregate
+from agentrl_core.train.losses import sft_nll_loss
 
 log = logging.getLogger(__name__)
-
-
-def sft_nll_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: Any, advantages: torch.Tensor,
-                 loss_mask: torch.Tensor, config: Any, *, num_tokens: float | None = None,
-                 num_seqs: float | None = None, **_: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """Negative log-likelihood of the loss-masked tokens, this call's share of the batch mean."""
-    nll = -logprobs.float()
-    loss = aggregate(nll, loss_mask, "token-mean", num_tokens=num_tokens)
-    return loss, {"loss": float(loss.detach()), "nll": float(loss.detach())}
 
 
 def run_sft(config: Config, *, echo: Any = print) -> Path:
