@@ -70,9 +70,12 @@ async def test_a_paused_sglang_engine_is_not_restarted_but_a_dead_one_is(sglang_
 async def test_a_weight_sync_that_hangs_stops_the_run():
     from agentrl_core.jobs.training import Trainer, WeightSyncTimeout
 
-    class Stuck:
-        async def all_ranks(self, method, *args):
+    class StuckLearners:
+        async def sync(self, pools, version):
             await anyio.sleep_forever()
+
+    class Stuck:
+        learner = StuckLearners()
 
     config = config_from_dict({"model": {"path": "/m"}, "tasks": [{"env": "calc"}],
                                "weight_sync": {"timeout_s": 0.2}}, validate_plugins=False)

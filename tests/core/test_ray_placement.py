@@ -96,8 +96,8 @@ def test_async_learner_and_engines_get_disjoint_gpus_and_tp_ranks_join(fake_gpus
         assert pools.ranks_per_engine == {"current": 2}
 
         async def connect_and_sync():
-            await pools.all_ranks("connect", pools.urls, pools.learner_address, pools.ranks_per_engine)
-            return (await pools.all_ranks("sync", ["current"], 4))[0]
+            await pools.learner.connect(pools.urls, pools.learner_address, pools.ranks_per_engine)
+            return await pools.learner.sync(["current"], 4)
 
         metrics = anyio.run(connect_and_sync)
         state = engine_state(url)

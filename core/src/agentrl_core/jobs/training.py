@@ -22,8 +22,9 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import attrs
@@ -46,6 +47,7 @@ from agentrl_core.types import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Trainer:
@@ -171,8 +173,8 @@ class Trainer:
         self.pools = pools
         self.learner_lock = anyio.Lock()  # one learner call at a time: ranks must see the same order
         self.tokenizer = load_tokenizer(c.model.path, c.model)
-        await self._learners("connect", pools.urls, pools.learner_address, pools.ranks_per_engine,
-                             what="forming the weight-update groups")
+        await self._bounded(pools.learner.connect(pools.urls, pools.learner_address, pools.ranks_per_engine),
+                            what="forming the weight-update groups")
         async with ControllerClient(url) as client:
             self.client = client
             self.engine_pools = {name: EnginePool(name, urls, timeout=c.engine.request_timeout,
@@ -185,8 +187,8 @@ class Trainer:
             self.stream = TaskStream(tasks, c.rollout.n_samples, seed=c.run.seed)
             await self._maybe_resume()
             self.metrics_out = self._loggers()
-            sync = await self._learners("sync", [p.name for p in self.pool_specs], self.step,
-                                        what="the initial weight sync")
+            sync = await self._bounded(pools.learner.sync([p.name for p in self.pool_specs], self.step),
+                                       what="the initial weight sync")
             self.echo(f"initial weights synced to {', '.join(p.name for p in self.pool_specs)} "
                       f"({sync.get('weight_sync/current/seconds', 0.0):.2f} s)")
             batch_traj = c.rollout.batch_size * c.rollout.n_samples
@@ -292,7 +294,7 @@ class Trainer:
         ]
         t_adv = time.monotonic()
         async with self.learner_lock:
-            learner_metrics = (await self.pools.all_ranks("train_step", samples))[0]
+            learner_metrics = await self.pools.learner.train_step(samples)
         t_train = time.monotonic()
         version = self.step  # the weights being updated; the batch's lag is measured against them
         self.step += 1
@@ -342,14 +344,14 @@ class Trainer:
 
     sync_margin_s = 30.0
 
-    async def _learners(self, method: str, *args: Any, what: str) -> Any:
-        """A weight-sync call on every learner rank, within twice ``weight_sync.timeout_s`` (rank 0's
+    async def _bounded(self, call: Awaitable[T], *, what: str) -> T:
+        """A weight-sync call on the learner ranks, within twice ``weight_sync.timeout_s`` (rank 0's
         transport keeps its own deadline; a collective stuck past it gets the group's timeout once
         more) plus a margin; past it the run stops with an error instead of hanging."""
         limit = 2 * self.config.weight_sync.timeout_s + self.sync_margin_s
         try:
             with anyio.fail_after(limit):
-                return (await self.pools.all_ranks(method, *args))[0]
+                return await call
         except TimeoutError:
             raise WeightSyncTimeout(f"{what} did not finish within {limit:g} s (2 x weight_sync.timeout_s + "
                                     f"{self.sync_margin_s:g} s); a learner rank or an engine is stuck: see the run's "
@@ -360,7 +362,7 @@ class Trainer:
         what = f"the weight sync of step {self.step} to {', '.join(pool_names)}"
         try:
             async with self.watchdog.suspended(), self.learner_lock:
-                return await self._learners("sync", pool_names, self.step, what=what)
+                return await self._bounded(self.pools.learner.sync(pool_names, self.step), what=what)
         except WeightSyncTimeout:
             raise
         except Exception as exc:
@@ -369,16 +371,18 @@ class Trainer:
             # wait on the pause), restart the dead ones, then one more try
             await self.watchdog.check(checks_needed=1, probe="alive")
             async with self.watchdog.suspended(), self.learner_lock:
-                return await self._learners("sync", pool_names, self.step, what=what)
+                return await self._bounded(self.pools.learner.sync(pool_names, self.step), what=what)
 
     async def _restart_engine(self, name: str, url: str) -> str:
         """Relaunch a dead engine in its bundle, swap it into its pool, and give it the current weights."""
         new_url = await self.pools.relaunch(name, url)
         self.engine_pools[name].replace_engine(url, new_url)
         async with self.watchdog.suspended(), self.learner_lock:
-            await self._learners("connect", {name: self.pools.urls[name]}, self.pools.learner_address,
-                                 self.pools.ranks_per_engine, what=f"rejoining pool {name} to its weight-update group")
-            await self._learners("sync", [name], self.step, what=f"the weight sync to the restarted engine of {name}")
+            await self._bounded(self.pools.learner.connect({name: self.pools.urls[name]}, self.pools.learner_address,
+                                                           self.pools.ranks_per_engine),
+                                what=f"rejoining pool {name} to its weight-update group")
+            await self._bounded(self.pools.learner.sync([name], self.step),
+                                what=f"the weight sync to the restarted engine of {name}")
         self.echo(f"engine {url} of pool {name} restarted as {new_url} with weights of step {self.step}")
         return new_url
 
@@ -456,8 +460,9 @@ class Trainer:
     async def save_checkpoint(self) -> None:
         state = {"task_stream": self.stream.state_dict(), "config_name": self.config.run.name}
         async with self.learner_lock:
-            path = (await self.pools.all_ranks("save_checkpoint", str(self.run_dir / "checkpoints"), state,
-                                                self.config.train.keep_checkpoints, self.config.train.save_hf_model))[0]
+            path = await self.pools.learner.save_checkpoint(str(self.run_dir / "checkpoints"), state,
+                                                            self.config.train.keep_checkpoints,
+                                                            self.config.train.save_hf_model)
         self.echo(f"checkpoint {path}")
 
     async def _maybe_resume(self) -> None:
@@ -468,7 +473,7 @@ class Trainer:
         path = latest_checkpoint(self.run_dir / "checkpoints")
         if path is None:
             raise AgentrlError(f"--resume: no checkpoint under {self.run_dir / 'checkpoints'}")
-        state = (await self.pools.all_ranks("load_checkpoint", str(path)))[0]
+        state = await self.pools.learner.load_checkpoint(str(path))
         self.stream.load_state_dict(state["task_stream"])
         self.step = int(state["step"])
         _truncate_log(self.run_dir / "trained_groups.jsonl", self.step)  # steps after it were lost with the kill
@@ -501,7 +506,7 @@ class Trainer:
         final_model = None
         if c.train.save_hf_model:
             async with self.learner_lock:
-                final_model = (await self.pools.all_ranks("save_hf_model", str(self.run_dir / "final_model")))[0]
+                final_model = await self.pools.learner.save_hf_model(str(self.run_dir / "final_model"))
         summary: dict[str, Any] = {"steps": self.step, "final_model": final_model, "interrupted": interrupted}
         if c.train.eval_tasks and not interrupted:
             summary["validation"] = await self.validate()

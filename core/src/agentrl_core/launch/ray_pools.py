@@ -1,8 +1,10 @@
 """Ray placement of the learner pool and the engine pools (docs/architecture.md section 6).
 
-One placement group reserves the devices. Learner ranks are Ray actors running the FSDP2
-:class:`~agentrl_core.train.learner.Learner`; each engine is started by a small host actor
-placed with the engine's devices (so on a cluster it runs on the node that owns them).
+One placement group reserves the devices. Learner ranks are Ray actors
+(:class:`LearnerRank`, a :class:`~agentrl_core.train.learner_actor.LearnerService` set up in
+its own process) that a job calls through :class:`LearnerGroup`, every rank at once, with
+named methods; each engine is started by a small host actor placed with the engine's devices
+(so on a cluster it runs on the node that owns them).
 
 * GPUs: one bundle per GPU. Each learner rank and each engine host is placed in the bundle
   of its (first) GPU and asks for its share of it, so Ray hands it exactly that GPU
@@ -20,11 +22,12 @@ rendezvous and the weight-update group are hosted at learner rank 0's node.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +37,7 @@ from agentrl_core.config import Config
 from agentrl_core.errors import AgentrlError
 from agentrl_core.http.ports import free_port
 from agentrl_core.launch.placement import Placement
-from agentrl_core.types import PolicyLossSpec, WeightSyncTransportSpec
+from agentrl_core.train.learner_actor import LearnerService
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +82,8 @@ def _pin(kind: str, devices: Sequence[int]) -> None:
     torch.set_num_threads(len(cores))
 
 
-class LearnerRank:
-    """One rank of the learner (a Ray actor). Every rank gets every call, in the same order."""
+class LearnerRank(LearnerService):
+    """One rank of the learner (a Ray actor). Every rank gets every call, in the same order (:class:`LearnerGroup`)."""
 
     def __init__(self, rank: int, world_size: int, master: tuple[str, int], devices: Sequence[Any], kind: str,
                  model_path: str, config: Config) -> None:
@@ -90,86 +93,50 @@ class LearnerRank:
         # Ray made this rank's GPU the only visible one: cuda:0 is it
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0",
                           MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
-        from agentrl_core.registry import Registry
-        from agentrl_core.train.learner import Learner, compute_dtype, init_distributed
+        from agentrl_core.train.learner import init_distributed
 
-        self.rank = rank
-        self.config = config
-        self.model_path = model_path
         _, _, device = init_distributed(config.train.device)
-        self.device_kind = device.type
-        self.registry = Registry()
-        loss_fn = self.registry.build(PolicyLossSpec, config.loss.name)
-        self.learner = Learner(model_path, train=config.train, optim=config.optim, loss=config.loss,
-                               temperature=config.rollout.temperature, loss_fn=loss_fn, device=device,
-                               param_dtype=compute_dtype(config.model.dtype),
-                               trust_remote_code=config.model.trust_remote_code)
-        self.transports: dict[str, Any] = {}
+        super().__init__(rank, model_path, config, device)
 
     def ready(self) -> int:
         return self.rank
 
-    def connect(self, pools: Mapping[str, list[str]], address: str | None = None,
-                ranks_per_engine: Mapping[str, int] | None = None) -> None:
-        """Rank 0 forms one weight-sync transport per pool with that pool's engines (again, after a restart).
+    def default_address(self) -> str:
+        return node_address()
 
-        ``address`` is where engines reach this rank (default: this node's address);
-        ``ranks_per_engine`` the group ranks one engine of each pool takes (SGLang: its tp size).
-        """
-        if self.rank != 0:
-            return
-        from agentrl_core.train.weight_sync import transfer_dtype
 
-        ws = self.config.weight_sync
-        dtype = transfer_dtype(ws.dtype, model_dtype=self.config.model.dtype, device_kind=self.device_kind)
-        for pool, urls in pools.items():
-            old = self.transports.pop(pool, None)
-            if old is not None:
-                try:
-                    old.close()
-                except Exception as exc:  # its engine is gone; the group is replaced anyway
-                    log.warning("closing the old weight-sync transport of %s: %s", pool, exc)
-            transport = self.registry.build(WeightSyncTransportSpec, ws.transport, None, weight_sync=ws,
-                                            model_dir=self.model_path, dtype=dtype,
-                                            ranks_per_engine=(ranks_per_engine or {}).get(pool, 1))
-            transport.connect(address or node_address(), urls)
-            self.transports[pool] = transport
+class LearnerGroup:
+    """Every learner rank, called as one: each call goes to every rank (the same calls in the same
+    order on each, which the ranks' collectives need) and rank 0's answer is returned.
 
-    def train_step(self, samples: list[Any]) -> dict[str, float]:
-        return self.learner.train_step(samples)
+    ``ranks`` are :class:`LearnerRank` actor handles (anything whose ``method.remote(...)``
+    returns an awaitable).
+    """
 
-    def sync(self, pools: list[str], version: int) -> dict[str, float]:
-        from agentrl_core.train.weight_sync import push_weights
+    def __init__(self, ranks: Sequence[Any]) -> None:
+        self.ranks = list(ranks)
 
-        return push_weights(self.learner.named_full_tensors, self.transports, pools, version, rank=self.rank)
+    async def _each(self, call: Callable[[Any], Any]) -> list[Any]:
+        return list(await asyncio.gather(*[call(r) for r in self.ranks]))
 
-    def save_checkpoint(self, root: str, trainer_state: dict[str, Any], keep: int, hf_model: bool) -> str:
-        from agentrl_core.train.checkpoint import save_checkpoint
+    async def connect(self, pools: Mapping[str, list[str]], address: str | None = None,
+                      ranks_per_engine: Mapping[str, int] | None = None) -> None:
+        await self._each(lambda r: r.connect.remote(pools, address, ranks_per_engine))
 
-        return str(save_checkpoint(root, self.learner, trainer_state, keep=keep, hf_model=hf_model))
+    async def train_step(self, samples: list[Any]) -> dict[str, float]:
+        return (await self._each(lambda r: r.train_step.remote(samples)))[0]
 
-    def load_checkpoint(self, path: str) -> dict[str, Any]:
-        from agentrl_core.train.checkpoint import load_checkpoint
+    async def sync(self, pools: list[str], version: int) -> dict[str, float]:
+        return (await self._each(lambda r: r.sync.remote(pools, version)))[0]
 
-        return load_checkpoint(path, self.learner)
+    async def save_checkpoint(self, root: str, trainer_state: dict[str, Any], keep: int, hf_model: bool) -> str:
+        return (await self._each(lambda r: r.save_checkpoint.remote(root, trainer_state, keep, hf_model)))[0]
 
-    def save_hf_model(self, out_dir: str) -> str | None:
-        from agentrl_core.train.checkpoint import save_hf_model
+    async def load_checkpoint(self, path: str) -> dict[str, Any]:
+        return (await self._each(lambda r: r.load_checkpoint.remote(path)))[0]
 
-        path = save_hf_model(self.learner, out_dir)
-        return str(path) if path is not None else None
-
-    def shutdown(self) -> None:
-        for transport in self.transports.values():
-            try:
-                transport.close()
-            except Exception as exc:  # closing is best effort; the process exits next
-                log.warning("closing a weight-sync transport failed: %s", exc)
-        self.learner.close()
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    async def save_hf_model(self, out_dir: str) -> str | None:
+        return (await self._each(lambda r: r.save_hf_model.remote(out_dir)))[0]
 
 
 class EngineHost:
@@ -366,6 +333,7 @@ class RayPools:
             for i, devs in enumerate(placement.learner)
         ]
         ray.get([r.ready.remote() for r in self.ranks], timeout=startup + 60)
+        self.learner = LearnerGroup(self.ranks)
         self.learner_address = address
 
     async def relaunch(self, pool: str, url: str) -> str:
@@ -375,11 +343,6 @@ class RayPools:
         self.urls[pool] = [u for u in self.urls[pool] if u != url.rstrip("/")] + new_urls
         self.host_of.update(dict.fromkeys(new_urls, host))
         return new_urls[0]
-
-    async def all_ranks(self, method: str, *args: Any) -> list[Any]:
-        import asyncio
-
-        return list(await asyncio.gather(*[getattr(r, method).remote(*args) for r in self.ranks]))
 
     def shutdown(self) -> None:
         import ray
