@@ -42,21 +42,21 @@ def test_single_device_falls_back_to_colocated():
 
 
 def test_bundles_ask_for_exactly_the_devices_there_are():
-    from agentrl_core.launch.ray_pools import bundle_resources
+    from agentrl_core.launch.ray_pools import plan_bundles
 
     # async cross on 2 cores: the stale pool shares the current pool's core; each gets half of it
     # (asking a whole core each made a 3-CPU placement group on a 2-CPU Ray: it never started)
     p = plan_placement([0, 1], CROSS, kind="cpu", mode="async", rollout_ratio=0.5, learner_ranks=1)
-    assert bundle_resources(p) == [{"CPU": 1.0}, {"CPU": 0.5}, {"CPU": 0.5}]
+    assert plan_bundles(p).resources == [{"CPU": 1.0}, {"CPU": 0.5}, {"CPU": 0.5}]
     # sync: 2 learner ranks and one engine over both cores
     p = plan_placement([0, 1], CURRENT, kind="cpu", mode="sync", rollout_ratio=0.5, learner_ranks=2)
-    assert bundle_resources(p) == [{"CPU": 0.5}, {"CPU": 0.5}, {"CPU": 1.0}]
+    assert plan_bundles(p).resources == [{"CPU": 0.5}, {"CPU": 0.5}, {"CPU": 1.0}]
     # one device, three claimants
     p = plan_placement([0], CROSS, kind="cpu", mode="async", rollout_ratio=0.5, learner_ranks=1)
-    assert 0.99999 <= sum(b["CPU"] for b in bundle_resources(p)) <= 1.0
+    assert 0.99999 <= sum(b["CPU"] for b in plan_bundles(p).resources) <= 1.0
     # GPUs: one GPU per disjoint bundle, plus a CPU for the actor
     p = plan_placement(list(range(16)), CROSS, kind="cuda", mode="async", rollout_ratio=0.5, learner_ranks=8)
-    assert bundle_resources(p) == [{"GPU": 1.0, "CPU": 1}] * 16
+    assert plan_bundles(p).resources == [{"GPU": 1.0, "CPU": 1}] * 16
 
 
 def test_custom_resources_pin_learner_and_engine_bundles_to_nodes():

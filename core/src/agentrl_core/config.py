@@ -301,9 +301,6 @@ class Config:
         """The validated config object of environment ``env`` (schema defaults if absent)."""
         return self.environments.get(env)
 
-    def component_config(self, section: str, name: str) -> Any:
-        return getattr(self, section).options.get(name)
-
 
 def config_from_dict(
     data: Mapping[str, Any] | None,

@@ -124,9 +124,6 @@ class Registry:
     def names(self, kind: Kind) -> list[str]:
         return sorted(self._by_kind[_kind(kind)])
 
-    def providers(self, kind: Kind, name: str) -> list[Provided]:
-        return list(self._by_kind[_kind(kind)].get(name, []))
-
     @overload
     def spec(self, kind: type[S], name: str) -> S: ...
     @overload
@@ -215,11 +212,6 @@ class Registry:
     def get_environment(self, name: str) -> EnvironmentSpec:
         """The record of environment ``name`` (``spec(EnvironmentSpec, name)``)."""
         return self.spec(EnvironmentSpec, name)
-
-
-def get_environment(name: str, pm: AgentrlPluginManager | None = None) -> EnvironmentSpec:
-    """Shortcut: look up one environment in a freshly built registry."""
-    return Registry(pm).get_environment(name)
 
 
 def build_environment(name: str, config: Any = None, pm: AgentrlPluginManager | None = None) -> Any:

@@ -14,7 +14,6 @@ from agentrl_core.http.server import HTTPError
 from agentrl_core.types import Index, Message, Status, Step
 
 MAX_SESSION_ID = 2**63 - 1
-STATUS_VALUES = frozenset(s.value for s in Status)
 
 
 def parse_session_id(value: Any, where: str = "session_id") -> int:

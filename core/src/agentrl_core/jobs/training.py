@@ -38,8 +38,6 @@ from agentrl_core.train.engine_watch import EngineWatchdog
 from agentrl_core.train.rollout_manager import RolloutManager, default_max_consecutive_drops, warmup_minimum
 from agentrl_core.train.step_metrics import batch_metrics, lag_histogram, sample_rollouts
 from agentrl_core.types import (
-    AdvantageEstimatorSpec,
-    AdvantageNormalizerSpec,
     AgentLoopSpec,
     LoggerSpec,
     SamplerSpec,
@@ -166,6 +164,7 @@ class Trainer:
         from agentrl_core.rollout.agent_loop import LoopSettings
         from agentrl_core.rollout.engine_client import EnginePool
         from agentrl_core.rollout.tokenizer import load_tokenizer
+        from agentrl_core.train.advantages import build_advantage_fns
         from agentrl_core.train.buffer import GroupBuffer
         from agentrl_core.train.task_stream import StreamTask, TaskStream
 
@@ -208,10 +207,7 @@ class Trainer:
                 max_consecutive_drops=c.rollout.max_consecutive_dropped_groups or default_max_consecutive_drops(
                     c.rollout.batch_size, c.rollout.concurrency, c.rollout.n_samples),
             )
-            self.estimator = self.registry.build(AdvantageEstimatorSpec, c.advantage.estimator,
-                                                 c.advantage.options.get(c.advantage.estimator))
-            self.normalizers = [self.registry.build(AdvantageNormalizerSpec, n, c.advantage.options.get(n))
-                                for n in c.advantage.normalizers]
+            self.estimator, self.normalizers = build_advantage_fns(c.advantage, self.registry)
             try:
                 self.progress = TrainProgress(c.train.total_steps, self._snapshot, echo=self.echo) \
                     if c.logging.progress else None
@@ -282,16 +278,13 @@ class Trainer:
 
     async def _step(self, trajectories: list[Any], *, wait_s: float) -> None:
         from agentrl_core.train.advantages import compute_advantages
-        from agentrl_core.train.batching import TrainSample
+        from agentrl_core.train.batching import train_samples
         from agentrl_core.train.weight_sync import pools_due
 
         c = self.config
         t0 = time.monotonic()
         adv = compute_advantages(trajectories, self.estimator, self.normalizers)
-        samples = [
-            TrainSample(t.input_ids, t.loss_mask, t.rollout_logprobs, adv.advantages[i, : len(t.input_ids)].tolist(), t.group_id)
-            for i, t in enumerate(trajectories)
-        ]
+        samples = train_samples(trajectories, adv.advantages)
         t_adv = time.monotonic()
         async with self.learner_lock:
             learner_metrics = await self.pools.learner.train_step(samples)

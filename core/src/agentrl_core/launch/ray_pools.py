@@ -225,11 +225,6 @@ def plan_bundles(placement: Placement, learner_resources: Mapping[str, float] | 
                    list(range(len(slots))), [{"num_cpus": a, "num_gpus": 0.0} for a in amounts])
 
 
-def bundle_resources(placement: Placement) -> list[dict[str, float]]:
-    """The placement group's bundles (see :func:`plan_bundles`)."""
-    return plan_bundles(placement).resources
-
-
 def _where() -> tuple[str, list[str], int]:
     """Run inside a bundle: its node's address, the GPUs Ray reserved there, a free port on that node."""
     import ray

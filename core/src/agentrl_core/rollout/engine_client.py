@@ -439,10 +439,6 @@ class EnginePool:
         for key in [k for k, u in self._sticky.items() if u == old]:
             del self._sticky[key]
 
-    def forget(self, key: str) -> None:
-        """Drop the stickiness of a finished trajectory."""
-        self._sticky.pop(key, None)
-
     async def generate(self, key: str | None, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
                        return_logprob: bool = True) -> GenerateResult:
         """Generate on the sticky (or least-loaded) engine; unreachable engines are failed over."""
