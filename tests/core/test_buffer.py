@@ -34,7 +34,7 @@ def run(fn):
 
 def test_releases_only_whole_groups_sorted_by_group():
     async def main():
-        buf = GroupBuffer(group_size=2, max_size=8)
+        buf = GroupBuffer(n_samples=2, max_size=8)
         for t in (traj("b", 1), traj("a", 0), traj("b", 0)):
             assert buf.add(t) is AddResult.ACCEPTED
         assert buf.stats().ready_trajectories == 2 and buf.stats().pending_trajectories == 1
@@ -50,7 +50,7 @@ def test_releases_only_whole_groups_sorted_by_group():
 def test_get_takes_every_ready_group_aligned_to_lcm():
     async def main():
         # group size 3, multiple 2: unit lcm(3, 2) = 6 trajectories = 2 groups
-        buf = GroupBuffer(group_size=3, max_size=30)
+        buf = GroupBuffer(n_samples=3, max_size=30)
         for g in ("g0", "g1", "g2"):
             for s in range(3):
                 buf.add(traj(g, s))
@@ -68,7 +68,7 @@ def test_get_takes_every_ready_group_aligned_to_lcm():
 
 def test_get_waits_for_minimum():
     async def main():
-        buf = GroupBuffer(group_size=2, max_size=8)
+        buf = GroupBuffer(n_samples=2, max_size=8)
         got = []
 
         async def consumer():
@@ -89,14 +89,14 @@ def test_get_waits_for_minimum():
 def test_get_minimum_above_capacity_is_an_error():
     async def main():
         with pytest.raises(ValueError, match="raise the buffer size"):
-            await GroupBuffer(group_size=4, max_size=8).get(minimum=9)
+            await GroupBuffer(n_samples=4, max_size=8).get(minimum=9)
 
     run(main)
 
 
 def test_admission_back_pressure_never_blocks_finished_trajectories():
     async def main():
-        buf = GroupBuffer(group_size=2, max_size=4)
+        buf = GroupBuffer(n_samples=2, max_size=4)
         await buf.admit("a")
         await buf.admit("b")
         for t in (traj("a", 0), traj("a", 1), traj("b", 0)):
@@ -127,7 +127,7 @@ def test_admission_back_pressure_never_blocks_finished_trajectories():
 
 def test_infra_failure_retried_then_group_dropped_and_counted():
     async def main():
-        buf = GroupBuffer(group_size=3, max_size=12, max_infra_retries=2)
+        buf = GroupBuffer(n_samples=3, max_size=12, max_infra_retries=2)
         assert buf.add(traj("g", 0, reward=1.0)) is AddResult.ACCEPTED
         assert buf.add(traj("g", 1, status="task error")) is AddResult.RETRY
         assert buf.fail("g", 1, "engine connection reset") is AddResult.RETRY
@@ -148,12 +148,12 @@ def test_infra_failure_retried_then_group_dropped_and_counted():
 
 
 def test_zero_retries_drops_at_first_failure():
-    buf = GroupBuffer(group_size=2, max_size=4, max_infra_retries=0)
+    buf = GroupBuffer(n_samples=2, max_size=4, max_infra_retries=0)
     assert buf.fail("g", 0) is AddResult.GROUP_DROPPED
 
 
 def test_duplicates_rejected():
-    buf = GroupBuffer(group_size=2, max_size=4)
+    buf = GroupBuffer(n_samples=2, max_size=4)
     buf.add(traj("g", 0))
     with pytest.raises(ValueError, match="already has sample 0"):
         buf.add(traj("g", 0))
@@ -166,9 +166,9 @@ def test_duplicates_rejected():
 
 def test_close_wakes_waiters():
     async def main():
-        full = GroupBuffer(group_size=2, max_size=2)
+        full = GroupBuffer(n_samples=2, max_size=2)
         full.add(traj("a", 0)), full.add(traj("a", 1))
-        empty = GroupBuffer(group_size=2, max_size=2)
+        empty = GroupBuffer(n_samples=2, max_size=2)
         errors = []
 
         async def wait(coro):
@@ -199,7 +199,7 @@ def test_concurrent_producers_with_failures_never_hang():
     async def main():
         rng = random.Random(7)
         n, groups = 4, [f"g{i:03d}" for i in range(60)]
-        buf = GroupBuffer(group_size=n, max_size=24, max_infra_retries=1)
+        buf = GroupBuffer(n_samples=n, max_size=24, max_infra_retries=1)
         received: list = []
         limiter = anyio.Semaphore(10)
 

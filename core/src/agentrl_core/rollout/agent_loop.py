@@ -68,7 +68,7 @@ class EnvClient(Protocol):
     async def cancel(self, session_id: Any) -> Any: ...
 
 
-class EnginePool(Protocol):
+class GenerationPool(Protocol):
     name: str
 
     async def generate(self, key: str, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Any:
@@ -116,7 +116,7 @@ class ChatAgentLoop:
         *,
         tokenizer: Any,
         env_client: EnvClient,
-        pools: Mapping[str, EnginePool],
+        pools: Mapping[str, GenerationPool],
         sampler: Any,
         tool_parser: Any,
         settings: LoopSettings | None = None,

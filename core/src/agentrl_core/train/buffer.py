@@ -27,7 +27,7 @@ The producer's side, per group::
 
 The consumer's side: ``await buffer.get(minimum, multiple)`` waits until at least
 ``minimum`` trajectories are ready, then takes every ready whole group, as many as
-``lcm(group_size, multiple)`` divides, oldest first, and returns them sorted by
+``lcm(n_samples, multiple)`` divides, oldest first, and returns them sorted by
 ``(group_id, sample)`` so a batch's order does not depend on completion order.
 
 Everything runs on one event loop (anyio); nothing here is thread-safe.
@@ -98,21 +98,21 @@ class GroupBuffer:
     """Whole-group buffer with admission back-pressure and bounded infra retries.
 
     Args:
-        group_size: samples per group (``rollout.n_samples``).
+        n_samples: samples per group (``rollout.n_samples``).
         max_size: completed, unconsumed trajectories at which new groups wait in
             :meth:`admit` (``buffer_max_factor`` x batch size x group size).
         max_infra_retries: re-runs of one sample after infrastructure failures before its
             group is dropped.
     """
 
-    def __init__(self, group_size: int, max_size: int, *, max_infra_retries: int = 2) -> None:
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
-        if max_size < group_size:
-            raise ValueError(f"max_size ({max_size}) must hold at least one group of {group_size}")
+    def __init__(self, n_samples: int, max_size: int, *, max_infra_retries: int = 2) -> None:
+        if n_samples < 1:
+            raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+        if max_size < n_samples:
+            raise ValueError(f"max_size ({max_size}) must hold at least one group of {n_samples}")
         if max_infra_retries < 0:
             raise ValueError(f"max_infra_retries must be >= 0, got {max_infra_retries}")
-        self.group_size = group_size
+        self.n_samples = n_samples
         self.max_size = max_size
         self.max_infra_retries = max_infra_retries
         self._pending: dict[str, _Group] = {}
@@ -163,13 +163,13 @@ class GroupBuffer:
             raise ValueError(f"group {gid!r} already has sample {sample}; each sample is added once")
         group.members[sample] = trajectory
         self._pending_trajectories += 1
-        if len(group.members) == self.group_size:
+        if len(group.members) == self.n_samples:
             del self._pending[gid]
             self._admitted.discard(gid)
             self._remember_released(gid)
-            self._pending_trajectories -= self.group_size
+            self._pending_trajectories -= self.n_samples
             self._ready.append([group.members[s] for s in sorted(group.members)])
-            self._ready_trajectories += self.group_size
+            self._ready_trajectories += self.n_samples
             self._counts["groups_released"] += 1
         self._notify()
         return AddResult.ACCEPTED
@@ -187,11 +187,11 @@ class GroupBuffer:
     async def get(self, minimum: int, multiple: int = 1) -> list[Trajectory]:
         """Wait for ``minimum`` ready trajectories; take all ready groups, lcm-aligned.
 
-        The number taken is the largest multiple of ``lcm(group_size, multiple)`` that the
+        The number taken is the largest multiple of ``lcm(n_samples, multiple)`` that the
         ready trajectories allow (at least ``minimum``). Raises :class:`BufferClosed` if
         the buffer is closed before that many are ready.
         """
-        unit = math.lcm(self.group_size, max(int(multiple), 1))
+        unit = math.lcm(self.n_samples, max(int(multiple), 1))
         need = max(unit, math.ceil(max(minimum, 1) / unit) * unit)
         if need > self.max_size:
             raise ValueError(
@@ -203,7 +203,7 @@ class GroupBuffer:
             event = self._changed
             await event.wait()
         take = self._ready_trajectories // unit * unit
-        groups = [self._ready.popleft() for _ in range(take // self.group_size)]
+        groups = [self._ready.popleft() for _ in range(take // self.n_samples)]
         self._ready_trajectories -= take
         self._notify()
         groups.sort(key=lambda g: g[0].group_id)
@@ -235,8 +235,8 @@ class GroupBuffer:
         self._changed = anyio.Event()
 
     def _group(self, gid: str, sample: int) -> _Group:
-        if not 0 <= sample < self.group_size:
-            raise ValueError(f"group {gid!r}: sample {sample} is outside 0..{self.group_size - 1}")
+        if not 0 <= sample < self.n_samples:
+            raise ValueError(f"group {gid!r}: sample {sample} is outside 0..{self.n_samples - 1}")
         group = self._pending.get(gid)
         if group is None:
             if gid in self._released:
@@ -273,7 +273,7 @@ class GroupBuffer:
         return AddResult.DISCARDED
 
     def _forget_if_finished(self, gid: str, group: _Group) -> None:
-        if group.finished is not None and len(group.finished) == self.group_size:
+        if group.finished is not None and len(group.finished) == self.n_samples:
             del self._pending[gid]
             self._remember_released(gid)
 

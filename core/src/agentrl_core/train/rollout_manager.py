@@ -2,7 +2,7 @@
 
 One :class:`RolloutManager` runs every group the task stream issues: it waits for the
 buffer's admission (back-pressure) and, when a staleness bound is set, for the learner to
-catch up; it then runs the group's ``n`` samples concurrently under a global concurrency
+catch up; it then runs the group's ``n_samples`` samples concurrently under a global concurrency
 limit and files each finished trajectory. Infrastructure failures are re-run as the
 buffer says (``RETRY``) or end the group (``GROUP_DROPPED``), which is then marked done in
 the stream and counted; a failure never hangs the buffer. A dropped group gives its place
@@ -229,6 +229,6 @@ class RolloutManager:
         return out
 
 
-def warmup_minimum(batch_trajectories: int, factor: float, group_size: int) -> int:
+def warmup_minimum(batch_trajectories: int, factor: float, n_samples: int) -> int:
     """Trajectories the first batch waits for: ``factor`` x batch, rounded up to whole groups."""
-    return math.ceil(batch_trajectories * factor / group_size) * group_size
+    return math.ceil(batch_trajectories * factor / n_samples) * n_samples
