@@ -88,3 +88,44 @@ def test_cli_writes_a_deterministic_model(tmp_path, tiny_model_dir):
     assert out.returncode == 0, out.stderr
     for name in ("tokenizer.json", "model.safetensors", "config.json"):
         assert (tmp_path / "m" / name).read_bytes() == (tiny_model_dir / name).read_bytes(), name
+
+
+def _plugin_with_data(root, package, manifest, files):
+    """An installed distribution whose package ships ``data/`` (as environment plugins do)."""
+    from agentrl_core.testing import temporary_distribution
+
+    pkg = root / package
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "plugin.py").write_text("")
+    for relpath, text in files.items():
+        (pkg / "data" / relpath).write_text(text)
+    if manifest is not None:
+        (pkg / "data" / "tokenizer_corpus.json").write_text(json.dumps(manifest))
+    return temporary_distribution(root, package.replace("_", "-"), entry_points={package: f"{package}.plugin"},
+                                  modules={})
+
+
+def test_tokenizer_corpus_comes_from_installed_plugins_data(tmp_path, monkeypatch):
+    from agentrl_core.tinymodel.model import corpus_sources, training_corpus
+
+    monkeypatch.delenv("AGENTRL_DATA_DIR", raising=False)
+    with _plugin_with_data(tmp_path / "a", "zz_env_late", {"order": 90, "files": [["t.txt", 5]]},
+                           {"t.txt": "LATE-TEXT\n", "ignored.txt": "NOT LISTED\n"}), \
+         _plugin_with_data(tmp_path / "b", "zz_env_early", {"order": 1, "files": [["t.txt", 100], ["gone.txt", 9]]},
+                           {"t.txt": "EARLY-TEXT\n"}), \
+         _plugin_with_data(tmp_path / "c", "zz_env_plain", None, {"x.jsonl": "PLAIN-TEXT\n", "y.bin": "BINARY\n"}):
+        sources = [s for s in corpus_sources() if s.parent.name.startswith("zz_env_")]
+        assert [s.parent.name for s in sources] == ["zz_env_early", "zz_env_late", "zz_env_plain"]  # manifest order first
+        texts = "".join(training_corpus())
+    assert "EARLY-TEXT" in texts and "LATE-" in texts and "LATE-TEXT" not in texts  # 5 characters of t.txt
+    assert "NOT LISTED" not in texts  # a manifest lists exactly what is read
+    assert "PLAIN-TEXT" in texts and "BINARY" not in texts  # without one: the text files
+    assert texts.index("EARLY-TEXT") < texts.index("LATE-") < texts.index("PLAIN-TEXT")
+
+
+def test_tokenizer_corpus_data_dir_must_exist(tmp_path):
+    from agentrl_core.tinymodel.model import corpus_sources
+
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        corpus_sources(tmp_path / "missing")

@@ -90,11 +90,13 @@ MODEL_SIZES: dict[str, dict[str, Any]] = {
     ),
 }
 
-# How much of the installed environment plugins' data goes into the tokenizer corpus.
+# A plugin chooses what of its data the tiny model's tokenizer learns from with a file
+# ``data/tokenizer_corpus.json``: {"order": 10, "files": [[relpath, max_chars], ...],
+# "archives": [[relpath.tar.xz, members], ...]}. Without one, its text files are sampled.
+CORPUS_MANIFEST = "tokenizer_corpus.json"
 CORPUS_SUFFIXES = (".json", ".jsonl", ".txt", ".tsv")
-CORPUS_BYTES_PER_FILE = 150_000
-CORPUS_BYTES_PER_SOURCE = 1_200_000
-CORPUS_GAMES_PER_ARCHIVE = 2  # ``.tar.xz`` archives (ALFWorld games): a few room descriptions
+CORPUS_CHARS_PER_FILE = 150_000  # plugins without a manifest
+CORPUS_CHARS_PER_SOURCE = 1_200_000
 
 
 def corpus_sources(data_dir: str | os.PathLike | None = None) -> list[Path]:
@@ -102,7 +104,8 @@ def corpus_sources(data_dir: str | os.PathLike | None = None) -> list[Path]:
 
     ``data_dir`` if given, else ``$AGENTRL_DATA_DIR``, else the ``data/`` folder of every
     installed agentrl plugin package (found from the ``agentrl`` entry points without
-    importing them), sorted by package name. Nothing outside installed packages is read.
+    importing them), ordered by their manifest's ``order`` and then by package name. Nothing
+    outside installed packages is read.
     """
     if data_dir is not None:
         path = Path(data_dir)
@@ -125,28 +128,50 @@ def corpus_sources(data_dir: str | os.PathLike | None = None) -> list[Path]:
             continue
         if folder is not None and folder.is_dir():
             found.append(folder)
-    return found
+    return sorted(found, key=lambda folder: (_manifest(folder).get("order", 1000), str(folder)))
 
 
-def _source_texts(folder: Path) -> Iterator[str]:
-    budget = CORPUS_BYTES_PER_SOURCE
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+def _manifest(folder: Path) -> dict[str, Any]:
+    path = folder / CORPUS_MANIFEST
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _read_text(path: Path, limit: int) -> Iterator[str]:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        yield from f.read(limit).splitlines(keepends=True)
+
+
+def _archive_texts(path: Path, members: int) -> Iterator[str]:
+    with tarfile.open(path, "r:xz") as tf:
+        for member in [m for m in tf.getmembers() if m.isfile()][:members]:
+            handle = tf.extractfile(member)
+            if handle is not None:
+                yield from handle.read().decode("utf-8", "replace").splitlines(keepends=True)
+
+
+def _source_files(folder: Path) -> Iterator[str]:
+    """The text files of one source (a manifest's list, or a sample of every text file)."""
+    manifest = _manifest(folder)
+    if manifest:
+        for relpath, limit in manifest.get("files", []):
+            if (folder / relpath).is_file():
+                yield from _read_text(folder / relpath, limit)
+            else:
+                log.warning("tokenizer corpus: %s is missing, skipped", folder / relpath)
+        return
+    budget = CORPUS_CHARS_PER_SOURCE
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in CORPUS_SUFFIXES):
         if budget <= 0:
             return
-        if path.name.endswith(".tar.xz"):
-            with tarfile.open(path, "r:xz") as tf:
-                members = sorted((m for m in tf.getmembers() if m.isfile()), key=lambda m: m.name)
-                for member in members[:CORPUS_GAMES_PER_ARCHIVE]:
-                    handle = tf.extractfile(member)
-                    if handle is not None:
-                        text = handle.read(min(budget, CORPUS_BYTES_PER_FILE)).decode("utf-8", "replace")
-                        budget -= len(text)
-                        yield from text.splitlines(keepends=True)
-        elif path.suffix in CORPUS_SUFFIXES:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                text = f.read(min(budget, CORPUS_BYTES_PER_FILE))
-            budget -= len(text)
-            yield from text.splitlines(keepends=True)
+        lines = list(_read_text(path, min(budget, CORPUS_CHARS_PER_FILE)))
+        budget -= sum(len(line) for line in lines)
+        yield from lines
+
+
+def _source_archives(folder: Path) -> Iterator[str]:
+    for relpath, members in _manifest(folder).get("archives", []):
+        if (folder / relpath).is_file():
+            yield from _archive_texts(folder / relpath, members)
 
 
 _TOOL_NAMES = [
@@ -210,8 +235,10 @@ def training_corpus(data_dir: str | os.PathLike | None = None, seed: int = 0) ->
     if not sources:
         log.warning("no environment plugin with data is installed (and no --data-dir); "
                     "training the tokenizer on synthetic text only")
+    for folder in sources:  # every source's files first, then the archives (game files)
+        texts.extend(_source_files(folder))
     for folder in sources:
-        texts.extend(_source_texts(folder))
+        texts.extend(_source_archives(folder))
     texts.extend(_synthetic_conversations(2000, seed))
     return texts
 
