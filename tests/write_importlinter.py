@@ -32,11 +32,23 @@ CORE_LAYERS = [
     "errors | _version",
 ]
 
+# What plugin packages may not import (their tests may: they test against core's internals).
+# Public: agentrl_core, env, types, hookspecs, protocols, structure, datafiles, errors,
+# plugins, registry, config, testing (in tests), eval.metrics/runner, rollout.*; the kits
+# for engine drivers (rollout.drivers, http, processes) and for weight-sync transports
+# (train.weight_sync: buckets, drain, WeightSyncError). Everything else is core's own.
+_TRAIN = sorted(p.stem for p in (ROOT / "core/src/agentrl_core/train").glob("*.py") if p.stem != "__init__")
+PLUGIN_FORBIDDEN = [
+    *[f"agentrl_core.controlplane.{m}" for m in ("state", "upkeep", "wire", "metrics", "openapi")],
+    *[f"agentrl_core.{m}" for m in ("engine", "jobs", "launch", "testing", "tinymodel", "cli")],
+    *[f"agentrl_core.train.{m}" for m in _TRAIN if m != "weight_sync"],
+]
 
-def _contract(key: str, name: str, kind: str, **lists: list[str]) -> list[str]:
+
+def _contract(key: str, name: str, kind: str, **options: list[str] | str) -> list[str]:
     lines = [f"[importlinter:contract:{key}]", f"name = {name}", f"type = {kind}"]
-    for option, values in lists.items():
-        lines += [f"{option} =", *[f"    {v}" for v in values]]
+    for option, value in options.items():
+        lines += [f"{option} = {value}"] if isinstance(value, str) else [f"{option} =", *[f"    {v}" for v in value]]
     return [*lines, ""]
 
 
@@ -79,6 +91,10 @@ def main(out: str) -> None:
             "train-does-not-import-launch", "train does not import launch, jobs or eval", "forbidden",
             source_modules=["agentrl_core.train"],
             forbidden_modules=["agentrl_core.launch", "agentrl_core.jobs", "agentrl_core.eval"],
+        ),
+        *_contract(
+            "plugins-use-public-api", "plugins import only core's public modules and documented kits", "forbidden",
+            source_modules=plugins, forbidden_modules=PLUGIN_FORBIDDEN, allow_indirect_imports="True",
         ),
         *_contract(
             "no-cycles", "no import cycles between sibling packages or modules anywhere in core",
