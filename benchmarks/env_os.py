@@ -278,7 +278,7 @@ def our_containers(api, pid: int | None = None, *, idle_pool: bool = True) -> li
 
 
 async def leak_run(episodes: int, concurrency: int, seed: int = 0) -> dict:
-    from agentrl_core.env.client import ControllerClient, NoCapacity
+    from agentrl_core.controlplane.client import ControllerClient, NoCapacity
 
     cli = [sys.executable, "-m", "agentrl_core.cli.main"]
     local = OSEnvironment(OSConfig())  # for oracles and Docker queries only
