@@ -7,7 +7,24 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    """A tiny Qwen2 model + tokenizer + chat template (``agentrl model init --size tiny``), built once."""
+    """A tiny Qwen2 model + tokenizer + chat template (``agentrl model init --size tiny``), built once.
+
+    Its tokenizer learns from the synthetic conversations only (an empty data folder), so the model
+    is the same whichever environment plugins the test venv has: core's nox session installs none,
+    a development venv all of them. Its vocabulary is small (678 ids); tests take token ids from
+    :func:`tiny_vocab`, never as literals.
+    """
     from agentrl_core.tinymodel import init_model
 
-    return init_model(tmp_path_factory.mktemp("tiny_model"), "tiny", seed=0)
+    no_plugin_data = tmp_path_factory.mktemp("no_plugin_data")
+    return init_model(tmp_path_factory.mktemp("tiny_model"), "tiny", seed=0, data_dir=no_plugin_data)
+
+
+@pytest.fixture(scope="session")
+def tiny_vocab(tiny_model_dir):
+    """The tiny model's vocabulary size and its chat-template token ids."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    im_start, im_end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    return {"size": len(tokenizer), "im_start": im_start, "im_end": im_end}

@@ -153,6 +153,7 @@ def _train(model_dir: str, run_dir: str, log_path: str, argv: list[str]) -> None
         log.flush()
         os.fsync(log.fileno())
 
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     reissued: list[str] = []
     latest = ckpt.latest_checkpoint(run_dir) if "--resume" in argv else None
     if latest is not None:
@@ -177,7 +178,7 @@ def _train(model_dir: str, run_dir: str, log_path: str, argv: list[str]) -> None
                 mask = [0] * (n // 2) + [1] * (n - n // 2)
                 trajectories.append(Trajectory(
                     group_id=group.group_id, uid=f"{group.group_id}/{s}", task=group.task, split=group.split,
-                    index=group.index, input_ids=[rng.randrange(4000) for _ in range(n)], loss_mask=mask,
+                    index=group.index, input_ids=[rng.randrange(vocab) for _ in range(n)], loss_mask=mask,
                     rollout_logprobs=[-8.3 * m for m in mask], versions=[0] * n, turns=[], reward=rng.random(),
                     training_reward=rng.random(), status="completed", failure="none", sample=s))
         advantages = compute_advantages(trajectories, grpo_advantages).advantages

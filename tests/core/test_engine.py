@@ -44,10 +44,13 @@ def reference_logprobs(model, prompt, output, temperature):
     return torch.log_softmax(logits / scale, dim=-1).gather(1, torch.tensor(output)[:, None])[:, 0]
 
 
-PROMPTS = [[4097, 17, 3000, 12, 99], [4097, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [200, 201]]
+@pytest.fixture(scope="module")
+def prompts(tiny_vocab):
+    start = tiny_vocab["im_start"]
+    return [[start, 17, 600, 12, 99], [start, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [200, 201]]
 
 
-async def test_logprobs_equal_a_plain_transformers_forward(engine, reference):
+async def test_logprobs_equal_a_plain_transformers_forward(prompts, engine, reference):
     """Concurrent requests (one batched forward per step) with temperatures, top-p, top-k, greedy."""
     settings = [dict(temperature=0.8), dict(temperature=1.3, top_p=0.9), dict(temperature=0.5, top_k=20),
                 dict(temperature=0.0), dict(temperature=1.0, min_p=0.05)]
@@ -60,40 +63,40 @@ async def test_logprobs_equal_a_plain_transformers_forward(engine, reference):
 
         async with anyio.create_task_group() as tg:
             for i, params in enumerate(settings):
-                tg.start_soon(run, i, PROMPTS[i % len(PROMPTS)], params)
+                tg.start_soon(run, i, prompts[i % len(prompts)], params)
     for i, params in enumerate(settings):
         result = results[i]
         assert result.finish_reason == "length" and len(result.output_ids) == 24 - 3 * i == len(result.logprobs)
-        expected = reference_logprobs(reference, PROMPTS[i % len(PROMPTS)], result.output_ids, params["temperature"])
+        expected = reference_logprobs(reference, prompts[i % len(prompts)], result.output_ids, params["temperature"])
         assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4, rtol=0), params
         if params.get("top_k"):  # truncation limits what is sampled, not the returned log-probs
             assert all(lp >= torch.topk(expected, 1).values.item() - 50 for lp in result.logprobs)
         if params["temperature"] == 0.0:
             with torch.no_grad():
-                greedy = reference.generate(torch.tensor([PROMPTS[i % 3]]), max_new_tokens=24 - 3 * i,
+                greedy = reference.generate(torch.tensor([prompts[i % 3]]), max_new_tokens=24 - 3 * i,
                                             do_sample=False, min_new_tokens=24 - 3 * i,
-                                            pad_token_id=0)[0, len(PROMPTS[i % 3]):].tolist()
+                                            pad_token_id=0)[0, len(prompts[i % 3]):].tolist()
             assert result.output_ids == greedy
 
 
-async def test_seeded_requests_repeat_and_top_k_restricts_sampling(engine, reference):
+async def test_seeded_requests_repeat_and_top_k_restricts_sampling(prompts, engine, reference):
     async with EngineClient(engine.url) as client:
         params = {"temperature": 1.0, "max_new_tokens": 12, "ignore_eos": True, "seed": 7}
-        a = await client.generate(PROMPTS[0], params)
-        b = await client.generate(PROMPTS[0], params)
-        c = await client.generate(PROMPTS[0], {**params, "seed": 8})
+        a = await client.generate(prompts[0], params)
+        b = await client.generate(prompts[0], params)
+        c = await client.generate(prompts[0], {**params, "seed": 8})
         assert a.output_ids == b.output_ids and a.output_ids != c.output_ids
-        k = await client.generate(PROMPTS[1], {**params, "top_k": 3})
+        k = await client.generate(prompts[1], {**params, "top_k": 3})
     with torch.no_grad():
-        logits = reference(torch.tensor([PROMPTS[1] + k.output_ids])).logits[0, len(PROMPTS[1]) - 1 : -1]
+        logits = reference(torch.tensor([prompts[1] + k.output_ids])).logits[0, len(prompts[1]) - 1 : -1]
     top3 = torch.topk(logits, 3, dim=-1).indices
     assert all(tok in top3[i].tolist() for i, tok in enumerate(k.output_ids))
 
 
-async def test_many_requests_leaving_at_different_steps_keep_exact_logprobs(engine, reference):
+async def test_many_requests_leaving_at_different_steps_keep_exact_logprobs(tiny_vocab, engine, reference):
     """Finishing requests hand their slot to the last running one (packed cache); nothing may get mixed up."""
     rng = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 4000, (int(n),), generator=rng).tolist()
+    prompts = [torch.randint(0, tiny_vocab["size"], (int(n),), generator=rng).tolist()
                for n in torch.randint(2, 40, (24,), generator=rng)]
     lengths = [int(n) for n in torch.randint(1, 30, (24,), generator=rng)]
     results = {}
@@ -145,18 +148,18 @@ def test_truncation_by_hand():
     assert truncate(probs, min_p=0.3).tolist() == pytest.approx([0.5, 0.2, 0.15, 0, 0])
 
 
-async def test_stop_tokens_and_strings(engine, tiny_model_dir):
+async def test_stop_tokens_and_strings(prompts, engine, tiny_model_dir):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
     async with EngineClient(engine.url) as client:
-        free = await client.generate(PROMPTS[0], {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True})
+        free = await client.generate(prompts[0], {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True})
         stop_id = free.output_ids[3]
         first = free.output_ids.index(stop_id)
-        stopped = await client.generate(PROMPTS[0], {"temperature": 0, "max_new_tokens": 10,
+        stopped = await client.generate(prompts[0], {"temperature": 0, "max_new_tokens": 10,
                                                      "stop_token_ids": [stop_id]})
         assert stopped.finish_reason == "stop" and stopped.matched_stop == stop_id
         assert stopped.output_ids == free.output_ids[: first + 1]  # the stop token is returned (it was sampled)
         text = tokenizer.decode(free.output_ids[4:6])
-        by_text = await client.generate(PROMPTS[0], {"temperature": 0, "max_new_tokens": 10, "stop": [text]})
+        by_text = await client.generate(prompts[0], {"temperature": 0, "max_new_tokens": 10, "stop": [text]})
         assert by_text.finish_reason == "stop" and by_text.matched_stop == text
         assert text not in by_text.text and len(by_text.output_ids) <= 6
 
@@ -229,24 +232,24 @@ def test_requests_join_and_leave_every_step(tiny_model_dir):
     assert scheduler.stats.decode_steps == 5 and scheduler.stats.prefill_forwards == 2
 
 
-def test_prefix_cache_reuses_the_previous_turn(tiny_model_dir, reference):
+def test_prefix_cache_reuses_the_previous_turn(prompts, tiny_vocab, tiny_model_dir, reference):
     scheduler = make_scheduler(tiny_model_dir, seed=3)
     results = []
     scheduler.start()
     try:
-        first = _run(scheduler, "t1", PROMPTS[1], SamplingParams(max_new_tokens=5, temperature=0.9))
-        turn2 = PROMPTS[1] + first.output_ids + [4098, 198, 4097, 300, 301]
+        first = _run(scheduler, "t1", prompts[1], SamplingParams(max_new_tokens=5, temperature=0.9))
+        turn2 = prompts[1] + first.output_ids + [tiny_vocab["im_end"], 198, tiny_vocab["im_start"], 300, 301]
         second = _run(scheduler, "t2", turn2, SamplingParams(max_new_tokens=5, temperature=0.9))
         results = [first, second]
     finally:
         scheduler.stop()
-    assert second.cached_tokens == len(PROMPTS[1]) + len(first.output_ids) - 1  # all fed tokens were reused
+    assert second.cached_tokens == len(prompts[1]) + len(first.output_ids) - 1  # all fed tokens were reused
     expected = reference_logprobs(reference, turn2, second.output_ids, 0.9)
     assert torch.allclose(torch.tensor(second.logprobs), expected, atol=1e-4, rtol=0)
     assert len(results) == 2
 
 
-def test_grown_cache_and_slot_moves_after_long_requests(tiny_model_dir, reference):
+def test_grown_cache_and_slot_moves_after_long_requests(prompts, tiny_model_dir, reference):
     """Requests longer than the initial cache (it grows) that finish out of slot order (slots move)."""
     scheduler = make_scheduler(tiny_model_dir)
     done, finished = {}, threading.Event()
@@ -260,7 +263,7 @@ def test_grown_cache_and_slot_moves_after_long_requests(tiny_model_dir, referenc
     # slots x=0, a=1, b=2. x leaves first (b moves into slot 0); then b leaves from slot 0 after the
     # cache grew past 256 positions, and a moves from slot 1 to slot 0 with its 290 cached positions
     for rid, n in (("x", 20), ("a", 300), ("b", 280)):
-        scheduler.submit(Request(rid, PROMPTS[1], SamplingParams(max_new_tokens=n), collect))
+        scheduler.submit(Request(rid, prompts[1], SamplingParams(max_new_tokens=n), collect))
     scheduler.start()
     try:
         scheduler.call(scheduler.resume).result(30)
@@ -271,7 +274,7 @@ def test_grown_cache_and_slot_moves_after_long_requests(tiny_model_dir, referenc
     for rid, n in (("x", 20), ("a", 300), ("b", 280)):
         result = done[rid]
         assert len(result.output_ids) == n and result.finish_reason["type"] == "length"
-        expected = reference_logprobs(reference, PROMPTS[1], result.output_ids, 1.0)
+        expected = reference_logprobs(reference, prompts[1], result.output_ids, 1.0)
         assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4, rtol=0), rid
 
 
@@ -300,7 +303,7 @@ def _run(scheduler, rid, ids, params):
 # Weight updates: pause (abort) -> update -> continue, every token tagged with its version
 
 
-async def test_update_from_disk_during_generation_tags_every_token(engine, tiny_model_dir, reference, tmp_path):
+async def test_update_from_disk_during_generation_tags_every_token(prompts, engine, tiny_model_dir, reference, tmp_path):
     # a second set of weights: the same architecture with perturbed parameters
     torch.manual_seed(11)
     other = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
@@ -315,7 +318,7 @@ async def test_update_from_disk_during_generation_tags_every_token(engine, tiny_
         aborted = {}
 
         async def long_request(i):
-            aborted[i] = await client.generate(PROMPTS[i % 3], {**params, "seed": i})
+            aborted[i] = await client.generate(prompts[i % 3], {**params, "seed": i})
 
         async with anyio.create_task_group() as tg:
             for i in range(4):
@@ -325,7 +328,7 @@ async def test_update_from_disk_during_generation_tags_every_token(engine, tiny_
             await client.pause_generation()
             await client.update_weights_from_disk(str(tmp_path / "v1"), weight_version=1)
             await client.continue_generation()
-        retried = {i: await client.generate(PROMPTS[i % 3], {**params, "max_new_tokens": 8, "seed": i})
+        retried = {i: await client.generate(prompts[i % 3], {**params, "max_new_tokens": 8, "seed": i})
                    for i in range(4)}
         assert (await client.model_info())["weight_version"] == 1
         await client.update_weights_from_disk(str(tiny_model_dir), weight_version=0)  # restore for other tests
@@ -336,9 +339,9 @@ async def test_update_from_disk_during_generation_tags_every_token(engine, tiny_
     # every token's log-prob is the one of the weights its version names, and not the other's
     for i, result in [*aborted.items(), *retried.items()]:
         lp = torch.tensor(result.logprobs)
-        assert torch.allclose(lp, reference_logprobs(weights[result.weight_version], PROMPTS[i % 3],
+        assert torch.allclose(lp, reference_logprobs(weights[result.weight_version], prompts[i % 3],
                                                      result.output_ids, 1.0), atol=1e-4, rtol=0)
-        assert not torch.allclose(lp, reference_logprobs(weights[1 - result.weight_version], PROMPTS[i % 3],
+        assert not torch.allclose(lp, reference_logprobs(weights[1 - result.weight_version], prompts[i % 3],
                                                          result.output_ids, 1.0), atol=1e-3, rtol=0)
 
 
@@ -353,23 +356,23 @@ async def test_distributed_update_refused_unless_paused_and_complete(engine):
         assert response.status_code == 409 and "needs generation paused first" in response.json()["message"]
 
 
-async def test_a_cancelled_caller_frees_its_engine_slot(engine):
+async def test_a_cancelled_caller_frees_its_engine_slot(prompts, engine):
     aborted = engine.server.scheduler.stats.aborted
     async with EngineClient(engine.url) as client:
         with anyio.move_on_after(0.5):  # the caller gives up long before 5000 tokens
-            await client.generate(PROMPTS[0], {"max_new_tokens": 5000, "ignore_eos": True})
+            await client.generate(prompts[0], {"max_new_tokens": 5000, "ignore_eos": True})
         with anyio.fail_after(30):
             while (await client.server_info())["running"]:
                 await anyio.sleep(0.01)
     assert engine.server.scheduler.stats.aborted == aborted + 1  # stopped by /abort_request, not by length
 
 
-async def test_pool_routes_sticky_and_least_loaded(engine):
+async def test_pool_routes_sticky_and_least_loaded(prompts, engine):
     async with EnginePool("current", [engine.url, engine.url + "/"]) as pool:
         assert len(pool.urls) == 1  # the same engine twice is one engine
     async with EnginePool("current", [engine.url, "http://127.0.0.1:9"], connect_retries=0) as pool:
         pool.in_flight["http://127.0.0.1:9"] = -5  # the dead engine looks least loaded
-        result = await pool.generate("traj-1", PROMPTS[0], {"max_new_tokens": 2})
+        result = await pool.generate("traj-1", prompts[0], {"max_new_tokens": 2})
         assert result.engine == engine.url and result.pool == "current"  # failed over
         assert pool.pick("traj-1") == engine.url  # and stuck there
         assert pool.in_flight == {engine.url: 0, "http://127.0.0.1:9": -5}
@@ -391,7 +394,7 @@ def free_port():
 
 
 @pytest.mark.processes
-async def test_distributed_update_in_buckets_between_pause_and_continue(tiny_model_dir, reference, tmp_path):
+async def test_distributed_update_in_buckets_between_pause_and_continue(prompts, tiny_model_dir, reference, tmp_path):
     import torch.distributed as dist
 
     from agentrl_core.config import EngineConfig
@@ -427,7 +430,7 @@ async def test_distributed_update_in_buckets_between_pause_and_continue(tiny_mod
                     group_name="wsync"))
             assert joined["engine"]["success"]
 
-            before = await client.generate(PROMPTS[0], {"max_new_tokens": 6, "seed": 1, "ignore_eos": True})
+            before = await client.generate(prompts[0], {"max_new_tokens": 6, "seed": 1, "ignore_eos": True})
             with pytest.raises(EngineError, match="needs generation paused first"):
                 await client.update_weights_from_distributed(names=["model.norm.weight"], dtypes=["float32"],
                                                              shapes=[[128]], group_name="wsync")
@@ -442,11 +445,11 @@ async def test_distributed_update_in_buckets_between_pause_and_continue(tiny_mod
                     with pytest.raises(EngineError, match="wrote .* parameters"):
                         await client.continue_generation()
             await client.continue_generation()
-            after = await client.generate(PROMPTS[0], {"max_new_tokens": 6, "seed": 1, "ignore_eos": True})
+            after = await client.generate(prompts[0], {"max_new_tokens": 6, "seed": 1, "ignore_eos": True})
         dist.destroy_process_group(group)
     assert before.weight_version == 0 and after.weight_version == 1
     for result, model in ((before, reference), (after, updated)):
-        expected = reference_logprobs(model, PROMPTS[0], result.output_ids, 1.0)
+        expected = reference_logprobs(model, prompts[0], result.output_ids, 1.0)
         assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4, rtol=0)
 
 
