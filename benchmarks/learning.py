@@ -50,11 +50,11 @@ RESULTS = ROOT / "benchmarks" / "results"
 # Sizes of the full benchmark and of --quick (the plumbing only).
 FULL = {
     "demos": 5000, "error_rate": 0.3, "sft_epochs": 2, "eval_limit": 200, "eval_repeats": 1,
-    "total_steps": 200, "checkpoint_every": 5, "budget_s": 600.0,
+    "total_steps": 200, "checkpoint_every": 5, "budget_s": 600.0, "n_samples": 8, "batch_size": 8,
 }
 QUICK = {
     "demos": 64, "error_rate": 0.3, "sft_epochs": 1, "eval_limit": 16, "eval_repeats": 1,
-    "total_steps": 2, "checkpoint_every": 1, "budget_s": 600.0,
+    "total_steps": 2, "checkpoint_every": 1, "budget_s": 600.0, "n_samples": 4, "batch_size": 2,
 }
 TARGET_IMPROVEMENT = 0.25  # issue 6: at least +25 percentage points of held-out success
 CONTROL_MAX_CHANGE = 0.05  # the sign-flipped control must not improve beyond noise
@@ -179,6 +179,7 @@ def train(sft_model: str, run_dir: Path, params: dict[str, Any], *, config: Path
     if run_dir.exists():
         shutil.rmtree(run_dir)
     overrides = {"model__path": sft_model, "run__output_dir": str(run_dir), "train__total_steps": params["total_steps"],
+                 "rollout__n_samples": params["n_samples"], "rollout__batch_size": params["batch_size"],
                  "train__checkpoint_every": params["checkpoint_every"], "train__keep_checkpoints": 2,
                  "train__save_hf_model": True, "logging__progress": True, **(extra or {})}
     r = agentrl(["train", str(config), *sets(**overrides)], run_dir.parent / "logs" / f"train_{run_dir.name}.log",
