@@ -83,8 +83,10 @@ def test_chat_template_renders_tools_and_tool_calls_like_qwen25(tokenizer):
 
 
 def test_cli_writes_a_deterministic_model(tmp_path, tiny_model_dir):
-    out = subprocess.run([sys.executable, "-m", "agentrl_core.cli.main", "model", "init", "--out", str(tmp_path / "m")],
-                         capture_output=True, text=True)
+    # the fixture's corpus: no plugin data (an empty folder), whatever this venv has installed
+    (tmp_path / "no_plugin_data").mkdir()
+    out = subprocess.run([sys.executable, "-m", "agentrl_core.cli.main", "model", "init", "--out", str(tmp_path / "m"),
+                          "--data-dir", str(tmp_path / "no_plugin_data")], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     for name in ("tokenizer.json", "model.safetensors", "config.json"):
         assert (tmp_path / "m" / name).read_bytes() == (tiny_model_dir / name).read_bytes(), name

@@ -176,7 +176,7 @@ def test_faults_are_survived_and_sigint_stops_after_the_step_saving_everything(t
     assert proc.returncode == 130, out[-4000:]
     assert "restarted as" in out
     assert "SIGINT: stopping after the current step" in out and "Traceback" not in out
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = metrics_of(run_dir)
     assert max(m["engine/restarts"] for m in metrics) >= 1
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = summary["steps"]

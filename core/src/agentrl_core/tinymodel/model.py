@@ -149,9 +149,8 @@ def _archive_texts(path: Path, members: int) -> Iterator[str]:
                 yield from handle.read().decode("utf-8", "replace").splitlines(keepends=True)
 
 
-def _source_files(folder: Path) -> Iterator[str]:
-    """The text files of one source (a manifest's list, or a sample of every text file)."""
-    manifest = _manifest(folder)
+def _source_files(folder: Path, manifest: dict[str, Any]) -> Iterator[str]:
+    """The text files of one source (its manifest's list, or a sample of every text file)."""
     if manifest:
         for relpath, limit in manifest.get("files", []):
             if (folder / relpath).is_file():
@@ -168,8 +167,8 @@ def _source_files(folder: Path) -> Iterator[str]:
         yield from lines
 
 
-def _source_archives(folder: Path) -> Iterator[str]:
-    for relpath, members in _manifest(folder).get("archives", []):
+def _source_archives(folder: Path, manifest: dict[str, Any]) -> Iterator[str]:
+    for relpath, members in manifest.get("archives", []):
         if (folder / relpath).is_file():
             yield from _archive_texts(folder / relpath, members)
 
@@ -235,10 +234,11 @@ def training_corpus(data_dir: str | os.PathLike | None = None, seed: int = 0) ->
     if not sources:
         log.warning("no environment plugin with data is installed (and no --data-dir); "
                     "training the tokenizer on synthetic text only")
-    for folder in sources:  # every source's files first, then the archives (game files)
-        texts.extend(_source_files(folder))
-    for folder in sources:
-        texts.extend(_source_archives(folder))
+    manifests = [_manifest(folder) for folder in sources]
+    for folder, manifest in zip(sources, manifests, strict=True):  # every source's files first,
+        texts.extend(_source_files(folder, manifest))
+    for folder, manifest in zip(sources, manifests, strict=True):  # then the archives (game files)
+        texts.extend(_source_archives(folder, manifest))
     texts.extend(_synthetic_conversations(2000, seed))
     return texts
 
