@@ -75,9 +75,11 @@ class ScriptedPool:
     def __init__(self, replies):
         self.replies = list(replies)  # (ids, finish_reason, version)
         self.prompts = []
+        self.params = []
 
     async def generate(self, key, input_ids, params):
         self.prompts.append(list(input_ids))
+        self.params.append(dict(params))
         ids, finish, version = self.replies.pop(0)
         return Generated(list(ids), [-0.25 - 0.01 * i for i in range(len(ids))], finish, version)
 
@@ -192,7 +194,7 @@ def test_max_turns_and_env_round_limit(tokenizer, parser):
     assert traj.status is Status.TASK_LIMIT_REACHED and traj.num_turns == 3 and env.closed == 1
 
 
-def test_aborted_turn_is_regenerated_with_one_version(tokenizer, parser):
+def test_without_partial_rollouts_an_aborted_turn_is_regenerated_with_one_version(tokenizer, parser):
     env = SumEnv()
     partial = tokenizer.encode("<tool_call>", add_special_tokens=False)
     replies = [
@@ -201,10 +203,60 @@ def test_aborted_turn_is_regenerated_with_one_version(tokenizer, parser):
         (encode_reply(tokenizer, canonical_call("answer", {"value": 5})), "stop", 4),
     ]
     pool = ScriptedPool(replies)
-    traj = anyio.run(make_loop(tokenizer, parser, pool, env).run, REQUEST)
+    traj = anyio.run(make_loop(tokenizer, parser, pool, env, partial_rollouts=False).run, REQUEST)
     assert pool.prompts[0] == pool.prompts[1]  # regenerated from the start of the turn
     assert {v for v, m in zip(traj.versions, traj.loss_mask) if m} == {4}
     assert traj.metrics["aborted_turns"] == 1 and traj.turns[0].aborted_retries == 1
+    assert traj.metrics["discarded_tokens"] == len(partial) and traj.metrics["interrupted_turns"] == 0
+
+
+def test_with_partial_rollouts_an_aborted_turn_continues_from_its_tokens(tokenizer, parser):
+    """An engine that can only abort (SGLang): the loop keeps the cut tokens and asks for the rest."""
+    env = SumEnv()
+    call = encode_reply(tokenizer, canonical_call("add", {"a": 2, "b": 3}))
+    cut = 3
+    replies = [
+        (call[:cut], "abort", 3),  # paused for a weight sync after 3 tokens of version 3
+        (call[cut:], "stop", 4),  # the rest, sampled by version 4 given the prompt and those 3 tokens
+        (encode_reply(tokenizer, canonical_call("answer", {"value": 5})), "stop", 4),
+    ]
+    pool = ScriptedPool(replies)
+    traj = anyio.run(make_loop(tokenizer, parser, pool, env, max_new_tokens=64).run, REQUEST)
+    assert traj.status is Status.COMPLETED and traj.reward == 1.0  # the joined reply parsed as one tool call
+    assert pool.prompts[1] == pool.prompts[0] + call[:cut]
+    assert [p["max_new_tokens"] for p in pool.params[:2]] == [64, 64 - cut]
+    first_turn = [(i, v, lp) for i, v, lp, m in zip(traj.input_ids, traj.versions, traj.rollout_logprobs,
+                                                    traj.loss_mask, strict=True) if m][: len(call)]
+    assert [i for i, _, _ in first_turn] == call
+    assert [v for _, v, _ in first_turn] == [3] * cut + [4] * (len(call) - cut)  # each token its own version
+    assert [lp for _, _, lp in first_turn] == pytest.approx(
+        [-0.25 - 0.01 * i for i in range(cut)] + [-0.25 - 0.01 * i for i in range(len(call) - cut)])
+    assert traj.turns[0].version == 3 and traj.turns[0].num_tokens == len(call)
+    assert traj.metrics["discarded_tokens"] == 0 and traj.metrics["aborted_turns"] == 1
+    assert traj.metrics["interrupted_turns"] == 1 and traj.metrics["mixed_version_tokens"] == len(call)
+
+
+def test_an_answer_with_per_token_versions_is_kept_as_it_is(tokenizer, parser):
+    """An engine that retracts (hf, vllm) answers once, with several versions: nothing is resent."""
+
+    @attrs.frozen
+    class Spanned(Generated):
+        versions: list = attrs.field(factory=list)
+
+    class SpannedPool(ScriptedPool):
+        async def generate(self, key, input_ids, params):
+            out = await super().generate(key, input_ids, params)
+            return Spanned(out.output_ids, out.logprobs, out.finish_reason, out.weight_version,
+                           versions=[1] * 2 + [2] * (len(out.output_ids) - 2))
+
+    env = SumEnv()
+    texts = [canonical_call("add", {"a": 2, "b": 3}), canonical_call("answer", {"value": 5})]
+    pool = SpannedPool([(encode_reply(tokenizer, t), "stop", 2) for t in texts])
+    traj = anyio.run(make_loop(tokenizer, parser, pool, env).run, REQUEST)
+    actions = [v for v, m in zip(traj.versions, traj.loss_mask) if m]
+    n1, n2 = (t.num_tokens for t in traj.turns)
+    assert actions == [1, 1] + [2] * (n1 - 2) + [1, 1] + [2] * (n2 - 2) and len(pool.prompts) == 2
+    assert traj.metrics["interrupted_turns"] == 2 and traj.metrics["mixed_version_tokens"] == n1 + n2
 
 
 def test_engine_failure_is_infra_and_session_ends(tokenizer, parser):

@@ -120,6 +120,10 @@ class RolloutConfig:
     # the circuit breaker: this many groups dropped in a row stop the run (None: twice the larger of
     # batch_size and the groups in flight, at least 8)
     max_consecutive_dropped_groups: int | None = field(default=None, validator=in_range(1))
+    # interruptible generation: a weight sync pauses in-flight turns and continues them under the new
+    # weights, every token tagged with the version that sampled it; false: turns cut by a sync are
+    # aborted and generated again from their start (docs/architecture.md section 5)
+    partial_rollouts: bool = True
 
 
 @frozen
@@ -186,6 +190,11 @@ class LossConfig:
     kl_clamp: float = field(default=10.0, validator=in_range(0.0, lo_open=True))
     entropy_coef: float = 0.0
     aggregation: Literal["token-mean", "seq-mean"] = "token-mean"
+    # off-policy correction: ppo = the ratio against the behaviour log-probs the engine reported;
+    # decoupled = AReaL's decoupled PPO (clip against the proximal policy, the learner's weights before
+    # this step's update, times the capped behaviour importance weight; docs/architecture.md section 6)
+    off_policy: Literal["ppo", "decoupled"] = "ppo"
+    behave_weight_cap: float | None = field(default=5.0, validator=in_range(1.0))  # decoupled only; None: no cap
 
 
 @frozen

@@ -65,9 +65,13 @@ def test_length_abort_and_two_versions():
         "finish_reason"] == {"type": "length"}
     aborted = sglang_answer(_choice([1, 2], "abort"), rid="r", prompt_tokens=1, decode=decode)
     assert aborted["meta_info"]["finish_reason"]["type"] == "abort" and aborted["output_ids"] == [1, 2]
+    # a request paused with retract (vLLM's keep) across an update: kept as it is, every span with its version
     spanning = sglang_answer(_choice([1, 2, 3], "length", spans=(("1", 0, 2), ("2", 2, 3))), rid="r",
                              prompt_tokens=1, decode=decode)
-    assert spanning["meta_info"]["finish_reason"]["type"] == "abort"  # the agent loop regenerates the turn
+    meta = spanning["meta_info"]
+    assert meta["finish_reason"] == {"type": "length"} and spanning["output_ids"] == [1, 2, 3]
+    assert meta["weight_versions"] == [{"version": 1, "start": 0, "end": 2}, {"version": 2, "start": 2, "end": 3}]
+    assert meta["weight_version"] == 2  # the last token's, as SGLang reports it
 
 
 class _Fused(torch.nn.Module):

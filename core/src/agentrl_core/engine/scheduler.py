@@ -15,11 +15,16 @@ Every iteration of the scheduler thread
 
 Sampling: :mod:`~agentrl_core.engine.sampling`.
 
-Weight versions: a request records the engine's weight version when it is admitted. Weights
-change only while generation is paused, and pausing aborts every running request, so all
-tokens of a request come from one version, and no token is ever computed by partly updated
+Weight versions: every sampled token records the engine's weight version at the moment it
+was sampled. Weights change only while generation is paused, so a token's version names
+exactly the weights that computed it, and no token is ever computed by partly updated
 weights: :meth:`Scheduler.resume` refuses to continue after a distributed update that did
-not write every parameter.
+not write every parameter. A pause either aborts every running request (``abort``: the
+answer ends with the tokens so far, all of one version) or retracts it (``retract``: the
+request goes back to the front of the queue with its tokens, its keys/values are dropped
+from the running set, and after the pause it re-prefills prompt + tokens so far under the
+weights of that moment and continues; one answer may then hold tokens of several versions,
+each tagged with its own). docs/architecture.md section 5.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from agentrl_core.engine.sampling import SamplingParams, sample
 log = logging.getLogger(__name__)
 
 ABORT_PAUSED = "generation was paused for a weight update; send the request again"
+PAUSE_MODES = ("abort", "retract")
 
 
 class EngineConflict(Exception):
@@ -55,11 +61,23 @@ class Completion:
     output_ids: list[int]
     logprobs: list[float]
     finish_reason: dict[str, Any]
-    weight_version: Any
+    weight_version: Any  # the version of the last token (of the engine at admission when there is none)
     prompt_tokens: int
     cached_tokens: int
     queue_seconds: float
     total_seconds: float
+    versions: list[Any] = field(factory=list)  # the weight version that sampled each output token
+    retractions: int = 0  # times a pause (mode retract) sent the request back to the queue
+
+    def version_spans(self) -> list[dict[str, Any]]:
+        """``[{version, start, end}]``: runs of output tokens sampled by one version (SGLang's form)."""
+        spans: list[dict[str, Any]] = []
+        for i, version in enumerate(self.versions):
+            if spans and spans[-1]["version"] == version:
+                spans[-1]["end"] = i + 1
+            else:
+                spans.append({"version": version, "start": i, "end": i + 1})
+        return spans or [{"version": self.weight_version, "start": 0, "end": 0}]
 
 
 @define(eq=False)
@@ -72,6 +90,7 @@ class Request:
     admitted: float = 0.0
     output_ids: list[int] = field(factory=list)
     logprobs: list[float] = field(factory=list)
+    versions: list[Any] = field(factory=list)  # per output token
     slot: int = -1
     cached_tokens: int = 0
     fed: int = 0  # tokens whose keys/values are in the slot
@@ -79,6 +98,7 @@ class Request:
     generator: torch.Generator | None = None
     stop_ids: frozenset[int] = frozenset()
     finished: bool = False
+    retractions: int = 0
 
 
 @define
@@ -88,6 +108,8 @@ class EngineStats:
     cached_tokens: int = 0
     requests: int = 0
     aborted: int = 0
+    retracted: int = 0  # requests sent back to the queue by a pause (mode retract)
+    recomputed_tokens: int = 0  # tokens prefilled again after a retraction
     forward_seconds: float = 0.0
     forwards: int = 0  # one per scheduler iteration
     decode_steps: int = 0  # forwards with at least one decoding row
@@ -184,11 +206,21 @@ class Scheduler:
     # ------------------------------------------------------------------------------
     # Commands (scheduler thread)
 
-    def pause(self) -> int:
-        """Stop generating: running requests finish with ``abort``; queued ones wait."""
+    def pause(self, mode: str = "abort") -> int:
+        """Stop generating; queued requests wait. Returns how many running requests were affected.
+
+        ``abort``: running requests finish with ``abort`` and the tokens they have.
+        ``retract``: running requests go back to the front of the queue, in order, with their
+        tokens, log-probs and versions; after :meth:`resume` they are prefilled again (prompt +
+        tokens so far, under the weights of that moment) and continue where they stopped.
+        """
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"unknown pause mode {mode!r}; use one of {', '.join(PAUSE_MODES)}")
         if not self.paused:
             self.paused = True
             self.pending_update = set()
+        if mode == "retract":
+            return self._retract_running()
         return self._abort(lambda r: True, ABORT_PAUSED, waiting=False)
 
     def resume(self, allow_partial_update: bool = False) -> None:
@@ -287,24 +319,28 @@ class Scheduler:
         rows: list[Request] = []
         tokens: list[list[int]] = []
         budget = self.max_prefill_tokens
+        decoding = prefilling = False
         for request in self.running:
-            pending = len(request.input_ids) - request.fed
-            if pending <= 0:
+            # the request's sequence is prompt + tokens so far; positions [0, fed) are in its slot
+            pending = len(request.input_ids) + len(request.output_ids) - request.fed
+            if pending == 1 and request.output_ids:  # decoding: feed the token sampled last
                 rows.append(request)
                 tokens.append([request.output_ids[-1]])
-            elif budget > 0:
+                decoding = True
+            elif budget > 0:  # a prompt chunk (or, after a retraction, prompt + tokens so far)
                 n = min(pending, budget)
                 budget -= n
                 rows.append(request)
-                tokens.append(request.input_ids[request.fed : request.fed + n])
+                tokens.append(_sequence_slice(request, request.fed, request.fed + n))
+                prefilling = True
         if not rows:
             return
         t0 = time.perf_counter()
         logits = self.model.extend([r.slot for r in rows], tokens, [r.fed for r in rows])
         self.stats.forward_seconds += time.perf_counter() - t0
         self.stats.forwards += 1
-        self.stats.decode_steps += any(len(r.output_ids) for r in rows)
-        self.stats.prefill_forwards += any(not r.output_ids for r in rows)
+        self.stats.decode_steps += decoding
+        self.stats.prefill_forwards += prefilling
         ready = []
         for i, (request, fed) in enumerate(zip(rows, tokens, strict=True)):
             request.fed += len(fed)
@@ -327,19 +363,24 @@ class Scheduler:
                     f"the prompt has {len(request.input_ids)} tokens; the engine takes 1 to "
                     f"{self.model.max_context - 1} (max_context {self.model.max_context})")})
                 continue
-            source, reuse = self._best_prefix(request.input_ids)
+            sequence = request.input_ids + request.output_ids if request.output_ids else request.input_ids
+            source, reuse = self._best_prefix(sequence)
             self.waiting.popleft()
             request.slot = self._place(source)
             self.slot_len[request.slot] = reuse  # positions past the reused prefix are stale
-            request.cached_tokens = request.fed = reuse
+            request.fed = reuse
+            self.running.append(request)
+            admitted.append(request)
+            if request.admitted:  # back after a retraction: its tokens so far are prefilled again
+                self.stats.recomputed_tokens += len(sequence) - reuse
+                continue
+            request.cached_tokens = reuse
             request.version = self.weight_version
             request.admitted = time.monotonic()
             request.stop_ids = frozenset(request.params.stop_token_ids) | (
                 frozenset() if request.params.ignore_eos else self.eos_token_ids)
             if request.params.seed is not None:
                 request.generator = torch.Generator().manual_seed(int(request.params.seed))
-            self.running.append(request)
-            admitted.append(request)
             self.stats.requests += 1
             self.stats.prompt_tokens += len(request.input_ids)
             self.stats.cached_tokens += reuse
@@ -391,6 +432,7 @@ class Scheduler:
         for request, token, logprob in zip(requests, tokens, logprobs, strict=True):
             request.output_ids.append(token)
             request.logprobs.append(logprob)
+            request.versions.append(self.weight_version)
             self.stats.generated_tokens += 1
             reason = self._finish_reason(request, token)
             if reason is not None:
@@ -412,26 +454,40 @@ class Scheduler:
             return {"type": "length", "length": len(request.output_ids)}
         return None
 
+    def _leave_running(self, request: Request) -> None:
+        """Take ``request`` out of the running set; its slot keeps the keys/values fed so far as a
+        cached prefix (valid until the weights change: every weight update flushes the cache)."""
+        slot, last = request.slot, len(self.running) - 1
+        if slot != last:  # keep running requests packed: the last one moves into the hole
+            mover = self.running[last]
+            self._swap(slot, last)
+            mover.slot = slot
+            self.running[slot] = mover
+        self.running.pop()
+        fed = _sequence_slice(request, 0, request.fed) if request.output_ids else None
+        if fed and self.prefix_cache:
+            self.cached[last] = tuple(fed)
+            self.slot_len[last] = len(fed)
+        else:
+            self.slot_len[last] = 0
+        request.slot = -1
+
+    def _retract_running(self) -> int:
+        """Send every running request back to the front of the queue (in order), tokens kept."""
+        retracted = list(self.running)
+        for request in reversed(retracted):  # the last one leaves first: no slot moves
+            self._leave_running(request)
+            request.retractions += 1
+        self.waiting.extendleft(reversed(retracted))
+        self.stats.retracted += len(retracted)
+        return len(retracted)
+
     def _finish(self, request: Request, reason: dict[str, Any]) -> None:
         if request.finished:
             return
         request.finished = True
         if request.slot >= 0:
-            slot, last = request.slot, len(self.running) - 1
-            if slot != last:  # keep running requests packed: the last one moves into the hole
-                mover = self.running[last]
-                self._swap(slot, last)
-                mover.slot = slot
-                self.running[slot] = mover
-            self.running.pop()
-            # the keys/values of every token fed to the model so far stay valid for reuse
-            fed = request.input_ids + request.output_ids[:-1] if request.output_ids else None
-            if fed and self.prefix_cache:
-                self.cached[last] = tuple(fed)
-                self.slot_len[last] = len(fed)
-            else:
-                self.slot_len[last] = 0
-            request.slot = -1
+            self._leave_running(request)
         if reason["type"] == "abort":
             self.stats.aborted += 1
         now = time.monotonic()
@@ -440,11 +496,14 @@ class Scheduler:
             output_ids=list(request.output_ids),
             logprobs=list(request.logprobs),
             finish_reason=reason,
-            weight_version=request.version if request.version is not None else self.weight_version,
+            weight_version=request.versions[-1] if request.versions else (
+                request.version if request.version is not None else self.weight_version),
             prompt_tokens=len(request.input_ids),
             cached_tokens=request.cached_tokens,
             queue_seconds=(request.admitted or now) - request.arrived,
             total_seconds=now - request.arrived,
+            versions=list(request.versions),
+            retractions=request.retractions,
         )
         try:
             request.on_finish(completion)
@@ -469,6 +528,16 @@ class Scheduler:
 
 # ---------------------------------------------------------------------------------------
 # Helpers
+
+
+def _sequence_slice(request: Request, start: int, end: int) -> list[int]:
+    """Positions ``[start, end)`` of the request's sequence, prompt + tokens so far (no full copy)."""
+    n = len(request.input_ids)
+    if end <= n:
+        return request.input_ids[start:end]
+    if start >= n:
+        return request.output_ids[start - n : end - n]
+    return request.input_ids[start:] + request.output_ids[: end - n]
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

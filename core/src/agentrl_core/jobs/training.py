@@ -9,9 +9,10 @@ One step, read top to bottom in :meth:`Trainer._step`:
     log, validate, checkpoint
 
 In ``async`` mode the rollout manager keeps generating on its own devices while the
-learner trains (rollout never stops; engines pause only while new weights arrive, and
-aborted turns are regenerated). In ``sync`` mode all devices generate one batch, then
-train, then sync. See docs/architecture.md section 6.
+learner trains (rollout never stops; engines pause only while new weights arrive, and the
+turns in flight continue under the new weights: ``rollout.partial_rollouts``). In ``sync``
+mode all devices generate one batch, then train, then sync. See docs/architecture.md
+section 6.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from agentrl_core.jobs.progress import TrainProgress
 from agentrl_core.registry import Registry
 from agentrl_core.train.engine_watch import EngineWatchdog
 from agentrl_core.train.rollout_manager import RolloutManager, default_max_consecutive_drops, warmup_minimum
-from agentrl_core.train.step_metrics import batch_metrics, lag_histogram, sample_rollouts
+from agentrl_core.train.step_metrics import batch_metrics, lag_histogram, rollout_waste_metrics, sample_rollouts
 from agentrl_core.types import (
     AgentLoopSpec,
     LoggerSpec,
@@ -304,9 +305,9 @@ class Trainer:
             "step": self.step,
             "engine/restarts": float(self.watchdog.restarts),
             **batch_metrics(trajectories, version),
-            # action tokens per version lag, and turns regenerated after a weight-sync abort (wasted decoding)
+            # action tokens per version lag; what weight syncs cut, kept and threw away
             **{f"version_lag/tokens/{lag}": float(n) for lag, n in lag_histogram(trajectories, version).items()},
-            "rollout/aborted_turns": float(sum(t.metrics.get("aborted_turns", 0) for t in trajectories)),
+            **rollout_waste_metrics(trajectories),
             **{f"learner/{k}": v for k, v in learner_metrics.items()},
             **sync_metrics,
             **self.manager.metrics(),

@@ -5,9 +5,13 @@ Per trajectory (docs/architecture.md section 5):
 1. start a session through the environment client; encode system/user messages and tools
    with the model's chat template (loss_mask 0);
 2. per turn: the sampler picks a pool, the pool an engine (sticky per trajectory); generate;
-   append exactly the sampled ids (loss_mask 1, their log-probs and weight version); a
-   length stop appends the end-of-turn token with loss_mask 0; an aborted turn (weights
-   being updated) is regenerated from its start, so every token of a turn has one version;
+   append exactly the sampled ids (loss_mask 1, their log-probs and the weight version of
+   each); a length stop appends the end-of-turn token with loss_mask 0. A weight sync in the
+   middle of a turn: with ``rollout.partial_rollouts`` the engine keeps the turn going under
+   the new weights (its answer tags each token with its version), and a turn that comes back
+   ``abort`` anyway (an engine that can only abort) is continued from the tokens it has;
+   without, an aborted turn is generated again from its start and its tokens are discarded
+   (counted in ``metrics.discarded_tokens``);
 3. parse tool calls, send the assistant message, append the observation tokens (loss_mask
    0, see :mod:`agentrl_core.rollout.chat_encoding`);
 4. stop on finish, ``max_turns`` (``task limit reached``) or ``max_total_len`` (``agent
@@ -89,6 +93,7 @@ class LoopSettings:
     top_k: int = -1
     incomplete_punishment: float = -0.2
     max_abort_retries: int = 100
+    partial_rollouts: bool = True  # continue a turn cut by a weight sync instead of generating it again
     start_wait: float = 600.0  # seconds an episode waits for a free worker slot
     on_template_rewrite: str = field(default="keep_history")
     keep_messages: bool = True
@@ -103,6 +108,7 @@ class LoopSettings:
             top_p=rollout.top_p,
             top_k=rollout.top_k,
             incomplete_punishment=rollout.incomplete_punishment,
+            partial_rollouts=rollout.partial_rollouts,
             **overrides,
         )
 
@@ -216,7 +222,7 @@ class ChatAgentLoop:
                 return
             result = await self._generate_turn(state, turn, encoder, min(s.max_new_tokens, remaining))
             ids = list(result.ids)
-            state.append(ids, mask=1, logprobs=result.logprobs, version=result.version)
+            state.append(ids, mask=1, logprobs=result.logprobs, versions=result.versions)
             ended = bool(ids) and ids[-1] in encoder.stop_token_ids
             if not ended:  # length stop: close the turn as the template would, not trained on
                 state.append([encoder.eot_id], mask=0)
@@ -260,19 +266,46 @@ class ChatAgentLoop:
             "stop_token_ids": encoder.stop_token_ids,
         }
         t0 = time.monotonic()
+        ids: list[int] = []  # what this turn has so far (tokens of answers cut by an abort, when kept)
+        logprobs: list[float] = []
+        versions: list[int] = []
+        continued = False
         for retry in range(self.settings.max_abort_retries + 1):
             try:
-                out = await pool.generate(request.uid, state.ids, params)
+                out = await pool.generate(request.uid, state.ids + ids, {**params, "max_new_tokens": max_new - len(ids)})
             except Exception as exc:
                 raise InfraFailure(f"engine ({pool_name}): {exc}") from exc
-            if out.finish_reason != "abort":
-                state.generate_seconds += time.monotonic() - t0
-                return _TurnResult(
-                    ids=list(out.output_ids), logprobs=list(out.logprobs), version=int(out.weight_version),
-                    finish_reason=out.finish_reason, engine=str(getattr(out, "engine", "")), pool=pool_name,
-                    retries=retry,
-                )
-            state.aborted_turns += 1  # a weight update paused the engine: regenerate the turn
+            out_versions = [_version(v) for v in (getattr(out, "versions", None)
+                                                     or [out.weight_version] * len(out.output_ids))]
+            if out.finish_reason == "abort":
+                state.aborted_turns += 1  # a weight sync (or abort_request) cut the answer short
+                if not self.settings.partial_rollouts:  # generate the turn again from its start
+                    state.discarded_tokens += len(out.output_ids)
+                    continue
+                ids += out.output_ids
+                logprobs += out.logprobs
+                versions += out_versions
+                continued = continued or bool(out.output_ids)
+                stopped = bool(ids) and ids[-1] in encoder.stop_token_ids
+                if not stopped and len(ids) < max_new:
+                    continue  # continue the turn from the tokens it has
+                reason = "stop" if stopped else "length"
+            else:
+                ids += out.output_ids
+                logprobs += out.logprobs
+                versions += out_versions
+                reason = out.finish_reason
+            state.generate_seconds += time.monotonic() - t0
+            mixed = len(set(versions)) > 1
+            if continued or mixed:  # paused by a weight sync and continued (by the engine or from here)
+                state.interrupted_turns += 1
+            if mixed:
+                state.mixed_version_tokens += len(ids)
+            return _TurnResult(
+                ids=ids, logprobs=logprobs, versions=versions,
+                version=versions[0] if versions else _version(out.weight_version),
+                finish_reason=reason, engine=str(getattr(out, "engine", "")), pool=pool_name, retries=retry,
+            )
         raise InfraFailure(f"turn {turn} was aborted {self.settings.max_abort_retries + 1} times in a row")
 
     def _assistant_message(self, text: str, tools: Sequence[dict[str, Any]], state: _State) -> Message:
@@ -294,6 +327,9 @@ class ChatAgentLoop:
             **state.metrics,
             "turns": len(state.turns),
             "aborted_turns": state.aborted_turns,
+            "discarded_tokens": state.discarded_tokens,
+            "interrupted_turns": state.interrupted_turns,
+            "mixed_version_tokens": state.mixed_version_tokens,
             "parse_errors": state.parse_errors,
             "generate_seconds": state.generate_seconds,
         }
@@ -320,11 +356,20 @@ class ChatAgentLoop:
         )
 
 
+def _version(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise InfraFailure(f"the engine reported weight version {value!r}, not an integer (start engines with "
+                           "--weight-version 0 and sync versions as integers)") from None
+
+
 @frozen
 class _TurnResult:
     ids: list[int]
     logprobs: list[float]
-    version: int
+    versions: list[int]  # of each token
+    version: int  # of the first token
     finish_reason: str
     engine: str
     pool: str
@@ -346,17 +391,23 @@ class _State:
         self.reward = 0.0
         self.session_open = False
         self.prompt_length = 0
-        self.aborted_turns = 0
+        self.aborted_turns = 0  # answers cut short by an abort
+        self.discarded_tokens = 0  # tokens of aborted answers that were thrown away (partial rollouts off)
+        self.interrupted_turns = 0  # turns paused by a weight sync and continued
+        self.mixed_version_tokens = 0  # tokens of turns sampled by more than one version
         self.parse_errors = 0
         self.generate_seconds = 0.0
 
-    def append(self, ids: Sequence[int], *, mask: int, logprobs: Sequence[float] | None = None, version: int = -1) -> None:
+    def append(self, ids: Sequence[int], *, mask: int, logprobs: Sequence[float] | None = None,
+               versions: Sequence[int] | None = None) -> None:
         if mask and (logprobs is None or len(logprobs) != len(ids)):
             raise InfraFailure(f"the engine returned {len(ids)} tokens but {len(logprobs or [])} log-probs")
+        if mask and (versions is None or len(versions) != len(ids)):
+            raise InfraFailure(f"the engine returned {len(ids)} tokens but {len(versions or [])} weight versions")
         self.ids.extend(ids)
         self.mask.extend([mask] * len(ids))
         self.logprobs.extend(logprobs if mask else [0.0] * len(ids))
-        self.versions.extend([version] * len(ids))
+        self.versions.extend(versions if mask else [-1] * len(ids))
 
     def finish(self, status: Status, reward: float, metrics: dict[str, Any] | None = None) -> None:
         self.status = status

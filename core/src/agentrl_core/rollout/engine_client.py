@@ -12,7 +12,10 @@
   Pool-wide calls (pause, continue, weight updates) go to every engine concurrently.
 * :class:`GenerateResult` is the record the agent loop consumes: sampled ids, their
   log-probs, the finish reason (``stop``, ``length``, ``abort``), the weight version that
-  produced them, and which engine and pool answered.
+  produced each of them, and which engine and pool answered.
+* :func:`pause_mode_for` is how a weight sync pauses a pool: ``retract`` (in-flight requests
+  keep their tokens and continue under the new weights) when partial rollouts are on and
+  every engine says it can, else ``abort`` (docs/architecture.md section 5).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -34,7 +37,7 @@ from agentrl_core.errors import AgentrlError
 log = logging.getLogger(__name__)
 
 __all__ = ["EngineError", "EngineUnavailable", "EngineTimeout", "GenerateResult", "EngineClient", "EnginePool",
-           "make_http_client", "DEFAULT_TIMEOUT", "DEFAULT_HEALTH_TIMEOUT"]
+           "make_http_client", "pause_mode_for", "DEFAULT_TIMEOUT", "DEFAULT_HEALTH_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 900.0  # seconds one engine call may take in all (a long generation included)
 # SGLang's /health generates one token and waits up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s) for it;
@@ -72,12 +75,54 @@ def normalize_version(value: Any) -> int | str:
     return int(text) if text.lstrip("-").isdigit() else text
 
 
+def pause_mode_for(model_infos: Iterable[Mapping[str, Any]], partial_rollouts: bool) -> str:
+    """How a weight sync pauses the engines whose ``/get_model_info`` answers are ``model_infos``.
+
+    ``retract`` keeps in-flight work (each request keeps its tokens, is prefilled again under
+    the new weights and continues; the answer tags every token with its version) and is used
+    when ``partial_rollouts`` is on and every engine lists it in ``pause_modes`` (the hf
+    engine and the vllm front do). Otherwise ``abort``: running requests end with the tokens
+    they have, all of one version. SGLang lists no ``pause_modes``: its ``retract`` answers
+    carry one ``weight_version`` per request in the released 0.5.x versions, so the tokens
+    before and after the update could not be told apart; its pools are paused with
+    ``abort`` and the agent loop continues each cut turn itself.
+    """
+    infos = list(model_infos)
+    if partial_rollouts and infos and all("retract" in (info.get("pause_modes") or ()) for info in infos):
+        return "retract"
+    return "abort"
+
+
+def token_versions(meta: Mapping[str, Any], num_tokens: int, *, engine: str = "") -> list[int | str]:
+    """The weight version of each output token: from ``meta_info.weight_versions`` (runs of
+    ``{version, start, end}``, SGLang's and vLLM's form) when present, else every token has
+    ``meta_info.weight_version``."""
+    spans = meta.get("weight_versions")
+    if not spans:
+        return [normalize_version(meta.get("weight_version"))] * num_tokens
+    versions: list[int | str] = []
+    for span in spans:
+        try:
+            version, start, end = normalize_version(span["version"]), int(span["start"]), int(span["end"])
+        except (KeyError, TypeError, ValueError):
+            raise EngineError(f"{engine}: meta_info.weight_versions holds {span!r}, not {{version, start, end}}",
+                              url=engine) from None
+        if start != len(versions) or end < start:
+            raise EngineError(f"{engine}: meta_info.weight_versions {list(spans)} do not cover the "
+                              f"{num_tokens} output tokens in order", url=engine)
+        versions.extend([version] * (end - start))
+    if len(versions) != num_tokens:
+        raise EngineError(f"{engine}: meta_info.weight_versions cover {len(versions)} tokens, the answer has "
+                          f"{num_tokens}", url=engine)
+    return versions
+
+
 @frozen
 class GenerateResult:
     output_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
-    weight_version: int | str
+    weight_version: int | str  # of the last token (SGLang's convention); per token: ``versions``
     text: str = ""
     engine: str = ""
     pool: str = ""
@@ -87,10 +132,16 @@ class GenerateResult:
     message: str | None = None  # why it was aborted
     latency: float = 0.0
     meta_info: dict[str, Any] = field(factory=dict, repr=False)
+    versions: list[int | str] = field(factory=list)  # the weight version of each output token
 
     @property
     def aborted(self) -> bool:
         return self.finish_reason == "abort"
+
+    @property
+    def mixed_versions(self) -> bool:
+        """The tokens were sampled by more than one weight version (a retracting pause in between)."""
+        return len(set(self.versions)) > 1
 
     @classmethod
     def from_response(cls, data: Mapping[str, Any], *, engine: str = "", pool: str = "",
@@ -120,6 +171,7 @@ class GenerateResult:
             logprobs=logprobs,
             finish_reason=kind if kind in ("stop", "length", "abort") else "stop",
             weight_version=normalize_version(meta.get("weight_version")),
+            versions=token_versions(meta, len(ids), engine=engine),
             text=str(data.get("text") or ""),
             engine=engine,
             pool=pool,
@@ -315,6 +367,7 @@ class EngineClient:
         await self.request("POST", "/flush_cache")
 
     async def pause_generation(self, mode: str = "abort") -> dict[str, Any]:
+        """``abort`` (running requests end now) or ``retract`` (they wait with their tokens and continue)."""
         return await self._json("POST", "/pause_generation", {"mode": mode})
 
     async def continue_generation(self, **options: Any) -> dict[str, Any]:
@@ -496,8 +549,8 @@ class EnginePool:
     async def flush_cache(self) -> None:
         await self._each("flush_cache")
 
-    async def pause_generation(self) -> dict[str, Any]:
-        return await self._each("pause_generation")
+    async def pause_generation(self, mode: str = "abort") -> dict[str, Any]:
+        return await self._each("pause_generation", mode)
 
     async def continue_generation(self) -> dict[str, Any]:
         return await self._each("continue_generation")

@@ -71,7 +71,8 @@ class LearnerService:
                     log.warning("closing the old weight-sync transport of %s: %s", pool, exc)
             transport = self.registry.build(WeightSyncTransportSpec, ws.transport, None, weight_sync=ws,
                                             model_dir=self.model_path, dtype=dtype,
-                                            ranks_per_engine=(ranks_per_engine or {}).get(pool, 1))
+                                            ranks_per_engine=(ranks_per_engine or {}).get(pool, 1),
+                                            partial_rollouts=self.config.rollout.partial_rollouts)
             transport.connect(address or self.default_address(), urls)
             self.transports[pool] = transport
 

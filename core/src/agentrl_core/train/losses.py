@@ -8,6 +8,16 @@ The formulas are docs/architecture.md section 6 (as slime / verl):
 * ``d = ref_logp - logp``, ``k3 = exp(d) - d - 1`` clamped to ``[-kl_clamp, kl_clamp]``;
 * ``loss = pg + kl_coef * k3 - entropy_coef * entropy``.
 
+With ``loss.off_policy: decoupled`` the policy term is AReaL's decoupled PPO (Fu et al.,
+2025): the ratio and its clip are taken against the *proximal* policy ``prox_logp`` (the
+learner's weights before this step's update) instead of the behaviour policy, and each
+token's loss is multiplied by the behaviour importance weight ``w = exp(prox_logp -
+old_logp)``, a constant (no gradient), set to 0 where it exceeds ``behave_weight_cap``.
+The learner takes one optimizer step per batch, so the weights before the update are the
+ones of this very forward: ``prox_logp = logp.detach()`` is the exact recomputation (no
+extra pass, no approximation), ``r = 1`` in value and the clip never binds in this step;
+the gradient is ``-A * w * grad(logp)``.
+
 Aggregation is exact over the whole step batch however it is split into micro-batches and
 ranks: each call gets the batch-wide denominators (``num_tokens`` for ``token-mean``,
 ``num_seqs`` for ``seq-mean``) and returns its *contribution*, so summing the losses (and
@@ -23,7 +33,8 @@ import torch
 
 from agentrl_core.config import LossConfig
 
-__all__ = ["ppo_dual_clip", "ppo_dual_clip_loss", "k3_kl", "dual_clip_pg", "aggregate", "batch_denominators"]
+__all__ = ["ppo_dual_clip", "ppo_dual_clip_loss", "k3_kl", "dual_clip_pg", "decoupled_pg", "aggregate",
+           "batch_denominators"]
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float = 10.0) -> torch.Tensor:
@@ -57,6 +68,28 @@ def dual_clip_pg(
         "dual_clipped": (negative & (dual_bound < pg)).float(),
     }
     return loss, info
+
+
+def decoupled_pg(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip_c: float = 3.0,
+    behave_weight_cap: float | None = 5.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token decoupled PPO loss: dual-clip PPO against ``proximal_logprobs``, times the
+    behaviour weight ``exp(proximal - old)`` (no gradient; 0 above ``behave_weight_cap``)."""
+    prox = proximal_logprobs.detach().float()
+    pg, info = dual_clip_pg(logprobs, prox, advantages, clip_low, clip_high, dual_clip_c)
+    weight = torch.exp(prox - old_logprobs.float())
+    kept = weight <= behave_weight_cap if behave_weight_cap is not None else torch.ones_like(weight, dtype=torch.bool)
+    weight = torch.where(kept, weight, torch.zeros_like(weight))
+    info["behave_weight"] = weight
+    info["behave_capped"] = (~kept).float()
+    return pg * weight, info
 
 
 def aggregate(
@@ -101,26 +134,39 @@ def ppo_dual_clip(
     entropy: torch.Tensor | None = None,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    proximal_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The ``ppo_dual_clip`` policy loss on ``[B, L]`` tensors.
 
     ``ref_logprobs`` may be ``None`` when there is no reference model (then the KL term
     is zero); ``entropy`` (per token) is needed only when ``entropy_coef != 0`` and is
-    reported when given. Returns ``(loss, metrics)``; metric values are detached scalar
-    tensors that, like the loss, are contributions to the batch mean.
+    reported when given. With ``config.off_policy == "decoupled"`` the policy term is
+    :func:`decoupled_pg` against ``proximal_logprobs`` (default: ``logprobs.detach()``, the
+    weights before this step's single update). Returns ``(loss, metrics)``; metric values
+    are detached scalar tensors that, like the loss, are contributions to the batch mean.
     """
     cfg = config or LossConfig()
     agg = dict(mode=cfg.aggregation, num_tokens=num_tokens, num_seqs=num_seqs)
-    pg_tokens, info = dual_clip_pg(logprobs, old_logprobs, advantages, cfg.clip_low, cfg.clip_high, cfg.dual_clip_c)
+    decoupled = getattr(cfg, "off_policy", "ppo") == "decoupled"
+    if decoupled:
+        prox = logprobs.detach() if proximal_logprobs is None else proximal_logprobs
+        pg_tokens, info = decoupled_pg(logprobs, prox, old_logprobs, advantages, cfg.clip_low, cfg.clip_high,
+                                       cfg.dual_clip_c, cfg.behave_weight_cap)
+    else:
+        pg_tokens, info = dual_clip_pg(logprobs, old_logprobs, advantages, cfg.clip_low, cfg.clip_high,
+                                       cfg.dual_clip_c)
     pg_loss = aggregate(pg_tokens, loss_mask, **agg)
     loss = pg_loss
     metrics = {
         "pg_loss": pg_loss.detach(),
         "clipfrac": aggregate(info["clipped"], loss_mask, **agg),
         "dual_clipfrac": aggregate(info["dual_clipped"], loss_mask, **agg),
-        "ratio": aggregate(info["ratio"], loss_mask, **agg),
+        "ratio": aggregate(info["ratio"], loss_mask, **agg),  # decoupled: against the proximal policy
         "rollout_kl": aggregate((old_logprobs.float() - logprobs.float()).detach(), loss_mask, **agg),
     }
+    if decoupled:
+        metrics["behave_weight"] = aggregate(info["behave_weight"], loss_mask, **agg)
+        metrics["behave_capped_frac"] = aggregate(info["behave_capped"], loss_mask, **agg)
     if ref_logprobs is not None:
         kl = aggregate(k3_kl(logprobs, ref_logprobs, cfg.kl_clamp), loss_mask, **agg)
         metrics["kl"] = kl.detach()

@@ -41,10 +41,10 @@ def batch_metrics(trajectories: Sequence[Trajectory], learner_version: int) -> d
         for status, n in Counter(t.status.value for t in trajs).items():
             out[p + f"status/{status}"] = float(n)
     for t in trajectories:
-        for turn in t.turns:
-            lag = float(learner_version - turn.version)
-            lags.extend([lag] * turn.num_tokens)
-            lags_by_pool[turn.pool].extend([lag] * turn.num_tokens)
+        for pool, version in action_token_versions(t):
+            lag = float(learner_version - version)
+            lags.append(lag)
+            lags_by_pool[pool].append(lag)
     all_rewards = [t.reward for t in trajectories]
     out["reward"] = statistics.fmean(all_rewards) if all_rewards else 0.0
     out["success"] = statistics.fmean(1.0 if r >= 1.0 else 0.0 for r in all_rewards) if all_rewards else 0.0
@@ -63,13 +63,42 @@ def batch_metrics(trajectories: Sequence[Trajectory], learner_version: int) -> d
     return out
 
 
+def action_token_versions(trajectory: Trajectory) -> list[tuple[str, int]]:
+    """``(pool, version)`` of every action token in order: the version that sampled that very
+    token (a turn continued across a weight sync holds several), the pool of its turn."""
+    versions = [v for v, m in zip(trajectory.versions, trajectory.loss_mask, strict=True) if m]
+    if len(versions) != sum(turn.num_tokens for turn in trajectory.turns):  # not built by the agent loop
+        return [(turn.pool, turn.version) for turn in trajectory.turns for _ in range(turn.num_tokens)]
+    out: list[tuple[str, int]] = []
+    start = 0
+    for turn in trajectory.turns:
+        out.extend((turn.pool, v if v >= 0 else turn.version) for v in versions[start : start + turn.num_tokens])
+        start += turn.num_tokens
+    return out
+
+
 def lag_histogram(trajectories: Sequence[Trajectory], learner_version: int) -> dict[int, int]:
-    """Action tokens per version lag (for the throughput benchmark's distribution)."""
+    """Action tokens per version lag, each token by its own version (the throughput benchmark's distribution)."""
     hist: Counter[int] = Counter()
     for t in trajectories:
-        for turn in t.turns:
-            hist[learner_version - turn.version] += turn.num_tokens
+        for _, version in action_token_versions(t):
+            hist[learner_version - version] += 1
     return dict(sorted(hist.items()))
+
+
+ROLLOUT_WASTE_KEYS = ("aborted_turns", "discarded_tokens", "interrupted_turns", "mixed_version_tokens")
+
+
+def rollout_waste_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """What weight syncs did to the step's trajectories (docs/architecture.md section 7), summed:
+
+    * ``rollout/aborted_turns``: answers cut short by an abort;
+    * ``rollout/discarded_tokens``: tokens generated and thrown away (the turns generated again
+      with ``rollout.partial_rollouts: false``); 0 with partial rollouts on;
+    * ``rollout/interrupted_turns``: turns paused by a weight sync and continued;
+    * ``rollout/mixed_version_tokens``: action tokens of turns sampled by more than one version.
+    """
+    return {f"rollout/{key}": float(sum(t.metrics.get(key, 0) for t in trajectories)) for key in ROLLOUT_WASTE_KEYS}
 
 
 def sample_rollouts(trajectories: Sequence[Trajectory], tokenizer: Any, count: int) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ SGLang native API subset), so they work with our HF engines and with SGLang serv
 
 * :class:`CollectiveTransport` (``collective``): the learner's rank 0 and every engine of a
   pool form one ``torch.distributed`` group (``/init_weights_update_group``, learner rank 0,
-  engines ``rank_offset`` 1..N). A sync is ``/pause_generation {mode: abort}``, then for
+  engines ``rank_offset`` 1..N). A sync is ``/pause_generation {mode}``, then for
   every bucket ``/update_weights_from_distributed {names, dtypes, shapes, ...}`` on all
   engines *while* rank 0 broadcasts the bucket's tensors in order, then
   ``/continue_generation``. The backend is a parameter: gloo on CPU, NCCL on GPU; the same
@@ -14,6 +14,12 @@ SGLang native API subset), so they work with our HF engines and with SGLang serv
   (safetensors) to a shared path, atomically; then the pool is paused, every engine loads it
   with ``/update_weights_from_disk {model_path, weight_version}``, and generation continues
   (unpaused, SGLang would first wait for every running request to finish).
+
+The pause mode is chosen once per pool at ``connect``
+(:func:`~agentrl_core.rollout.engine_client.pause_mode_for`): ``retract`` when the transport
+was built with ``partial_rollouts=True`` (``rollout.partial_rollouts``) and every engine of
+the pool offers it (in-flight requests keep their tokens and continue under the new
+weights), else ``abort``.
 
 Tensors travel in ``weight_sync.dtype`` (:func:`transfer_dtype`: ``auto`` is the model's
 compute dtype, ``model.dtype``, on GPU and float32 on CPU). Every ``connect`` and ``send``
@@ -241,6 +247,24 @@ class _Engines:
     def call(self, method: str, deadline: _Deadline, **kwargs: Any) -> list[Any]:
         return wait(self.start(method, deadline, **kwargs), deadline)
 
+    def choose_pause_mode(self, partial_rollouts: bool, deadline: _Deadline) -> str:
+        """``retract`` or ``abort`` for this pool (see the module docstring)."""
+        from agentrl_core.rollout.engine_client import pause_mode_for
+
+        if not partial_rollouts:
+            return "abort"
+        return pause_mode_for(self.call("model_info", deadline), partial_rollouts)
+
+    def pause(self, mode: str, deadline: _Deadline) -> dict[str, float]:
+        """Pause every engine; how many running requests were retracted or aborted (when they say)."""
+        answers = self.call("pause_generation", deadline, mode=mode)
+        counts = {"retracted_requests": 0.0, "aborted_requests": 0.0}
+        for answer in answers:
+            if isinstance(answer, dict):
+                counts["retracted_requests"] += float(answer.get("retracted") or 0)
+                counts["aborted_requests"] += float(answer.get("aborted") or 0)
+        return counts
+
     def close(self) -> None:
         try:
             self.portal.call(self._http.aclose)
@@ -287,6 +311,8 @@ class CollectiveTransport:
         self.ranks_per_engine = int(s.get("ranks_per_engine", 1))
         self.timeout_s = float(s.get("timeout_s", 600.0))
         self.group_name = s.get("group_name") or f"agentrl_weights_{uuid.uuid4().hex[:8]}"
+        self.partial_rollouts = bool(s.get("partial_rollouts", False))
+        self.pause_mode = "abort"
         self.group: Any = None
         self.engines: _Engines | None = None
 
@@ -301,6 +327,12 @@ class CollectiveTransport:
         deadline = _Deadline(self.timeout_s, f"forming the weight-update group with {len(engines)} engines",
                              "no group was formed")
         self.engines = _Engines(engines, self.timeout_s)
+        try:
+            self.pause_mode = self.engines.choose_pause_mode(self.partial_rollouts, deadline)
+        except WeightSyncError:
+            self.engines.close()
+            self.engines = None
+            raise
         world_size = 1 + len(engines) * self.ranks_per_engine
         joins = self.engines.start(
             "init_weights_update_group", deadline,
@@ -335,8 +367,8 @@ class CollectiveTransport:
             self._abandon(result.get("group"))
             raise
         self.group = result["group"]
-        log.info("weight-update group %s: learner + %d engines over %s at %s:%d",
-                 self.group_name, len(engines), self.backend, address, port)
+        log.info("weight-update group %s: learner + %d engines over %s at %s:%d; syncs pause with %s",
+                 self.group_name, len(engines), self.backend, address, port, self.pause_mode)
 
     def send(self, named_tensors: NamedTensors, version: int) -> dict[str, float]:
         """Pause the pool, broadcast every bucket, continue with ``version``.
@@ -358,7 +390,7 @@ class CollectiveTransport:
         assert self.engines is not None
         start = time.perf_counter()
         deadline = _Deadline(self.timeout_s, f"the weight sync of version {version} to {len(self.engines.urls)} engines")
-        self.engines.call("pause_generation", deadline, mode="abort")
+        paused = self.engines.pause(self.pause_mode, deadline)
         n_tensors = n_buckets = n_bytes = 0
         for bucket in iter_buckets(self._prepared(tensors), self.bucket_bytes):
             receiving = self.engines.start(
@@ -382,7 +414,7 @@ class CollectiveTransport:
         seconds = time.perf_counter() - start
         log.info("synced %d tensors (%.1f MiB) in %d buckets to %d engines in %.2f s (version %d)",
                  n_tensors, n_bytes / 2**20, n_buckets, len(self.engines.urls), seconds, version)
-        return {"tensors": n_tensors, "buckets": n_buckets, "bytes": n_bytes, "seconds": seconds}
+        return {"tensors": n_tensors, "buckets": n_buckets, "bytes": n_bytes, "seconds": seconds, **paused}
 
     def _prepared(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         want_cuda = self.backend == "nccl"
@@ -472,9 +504,10 @@ class DiskTransport:
     from it), ``keep`` (versions kept on disk, default 2), ``dtype`` (as the collective
     transport's), ``timeout_s`` (the deadline of a whole ``send``).
 
-    A send pauses the pool (aborting running requests, which the agent loop regenerates),
-    loads the new directory on every engine, and continues: unpaused, SGLang would wait for
-    every running request to finish first, and a failed load leaves the pool paused.
+    A send pauses the pool (``retract`` or ``abort``, chosen at ``connect`` as for the
+    collective transport), loads the new directory on every engine, and continues:
+    unpaused, SGLang would wait for every running request to finish first, and a failed
+    load leaves the pool paused.
     """
 
     name = "disk"
@@ -489,12 +522,16 @@ class DiskTransport:
         self.timeout_s = float(s.get("timeout_s", 600.0))
         self.dtype = transfer_dtype(s.get("dtype"), model_dtype=s.get("model_dtype", "bfloat16"),
                                     device_kind="cuda" if torch.cuda.is_available() else "cpu")
+        self.partial_rollouts = bool(s.get("partial_rollouts", False))
+        self.pause_mode = "abort"
         self.engines: _Engines | None = None
         self._written: list[Path] = []
 
     def connect(self, learner_rank0: str | None, engines: Sequence[str]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.engines = _Engines(engines, self.timeout_s)
+        self.pause_mode = self.engines.choose_pause_mode(
+            self.partial_rollouts, _Deadline(self.timeout_s, "asking the engines how they pause", "no sync ran"))
 
     def send(self, named_tensors: NamedTensors, version: int) -> dict[str, float]:
         if self.engines is None:
@@ -507,7 +544,7 @@ class DiskTransport:
         finally:
             drain(tensors)
         written = time.perf_counter()
-        self.engines.call("pause_generation", deadline, mode="abort")
+        paused = self.engines.pause(self.pause_mode, deadline)
         self.engines.call("update_weights_from_disk", deadline, model_path=str(path), weight_version=version)
         self.engines.call("continue_generation", deadline)
         if path not in self._written:
@@ -515,7 +552,7 @@ class DiskTransport:
         while len(self._written) > self.keep:
             shutil.rmtree(self._written.pop(0), ignore_errors=True)
         nbytes = (path / "model.safetensors").stat().st_size
-        return {"bytes": nbytes, "write_seconds": written - start, "seconds": time.perf_counter() - start}
+        return {"bytes": nbytes, "write_seconds": written - start, "seconds": time.perf_counter() - start, **paused}
 
     def close(self) -> None:
         if self.engines is not None:

@@ -9,7 +9,10 @@ agentrl route                               vLLM (server started with VLLM_SERVE
 ``POST /generate``                          ``POST /inference/v1/generate`` (token ids in,
                                             ids + log-probs + per-token weight versions out)
 ``POST /abort_request``                     ``POST /abort_requests``
-``POST /pause_generation {mode: abort}``    ``POST /pause?mode=abort``
+``POST /pause_generation {mode: abort}``    ``POST /pause?mode=abort&clear_cache=true``
+``POST /pause_generation {mode: retract}``  ``POST /pause?mode=keep&clear_cache=true``: running
+                                            requests are preempted (tokens kept, KV freed) and
+                                            re-prefilled after ``/resume``
 ``POST /continue_generation``               ``POST /resume``
 ``POST /update_weights_from_disk``          pause, ``/collective_rpc agentrl_reload_weights``
                                             (vLLM's in-place reload + a fix for tied heads on
@@ -56,6 +59,7 @@ PASS_THROUGH_POST = ("/init_weight_transfer_engine", "/start_weight_update", "/u
                      "/finish_weight_update", "/shutdown_weight_transfer_engine", "/update_weight_version",
                      "/v1/chat/completions")
 PASS_THROUGH_GET = ("/weight_info", "/is_paused", "/v1/models")
+PAUSE_MODES = {"abort": "aborted", "retract": "retracted"}  # /pause_generation modes -> what the answer counts
 _METRIC = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\} ([0-9.eE+-]+)$", re.M)
 
 
@@ -239,7 +243,7 @@ class Front:
             "vllm_version": _vllm_version(), "device": self.device, "dtype": self.options.get("dtype", "auto"),
             "max_context": self.options.get("max_model_len") or getattr(self.config, "max_position_embeddings", None),
             "max_running_requests": self.options.get("max_num_seqs", 64), "eos_token_ids": self.eos_token_ids,
-            "paused": self.paused,
+            "paused": self.paused, "pause_modes": list(PAUSE_MODES),
         }
 
     async def server_info(self, request: Request) -> Any:
@@ -273,14 +277,21 @@ class Front:
 
     async def pause_generation(self, request: Request) -> Any:
         mode = request.json_object(required=False).get("mode", "abort")
-        if mode != "abort":
-            raise HTTPError(400, f"pause_generation mode {mode!r} is not supported; only 'abort' (one version per answer)")
+        if mode not in PAUSE_MODES:
+            raise HTTPError(400, f"pause_generation mode {mode!r} is not supported; use 'abort' (in-flight requests "
+                                 "end now) or 'retract' (they keep their tokens and continue after the update)")
         if self.paused:  # again: vLLM would abort the requests queued since the first pause
-            return {"message": "Generation was already paused.", "status": "ok", "aborted": 0}
+            return {"message": "Generation was already paused.", "status": "ok", "mode": mode, PAUSE_MODES[mode]: 0}
         running = len(self.in_flight)
-        await self._vllm_ok("POST", "/pause", params={"mode": "abort", "clear_cache": "true"})
+        # retract is vLLM's keep: with clear_cache its reset_prefix_cache(reset_running_requests=True)
+        # preempts every running request (tokens kept, KV blocks freed) before the weights change, so
+        # after /resume they are prefilled again under the new weights; each choice reports the
+        # version of every token (weight_versions spans)
+        await self._vllm_ok("POST", "/pause", params={"mode": "keep" if mode == "retract" else "abort",
+                                                      "clear_cache": "true"})
         self.paused = True
-        return {"message": "Generation paused successfully.", "status": "ok", "aborted": running}
+        return {"message": "Generation paused successfully.", "status": "ok", "mode": mode,
+                PAUSE_MODES[mode]: running}
 
     async def continue_generation(self, request: Request) -> Any:
         body = request.json_object(required=False)

@@ -9,7 +9,8 @@ through) and framed like core's transports:
 1. connect: every engine ``POST /init_weight_transfer_engine`` (engine ``i`` is rank ``1 + i``
    of ``1 + N``, unpacked broadcasts) while this process opens rank 0 with vLLM's
    ``trainer_init``;
-2. send: ``/pause_generation {mode: abort}`` on every engine, ``/start_weight_update``, then per
+2. send: ``/pause_generation {mode}`` on every engine (``retract`` with
+   ``partial_rollouts=True``: in-flight requests keep their tokens and continue; else ``abort``), ``/start_weight_update``, then per
    bucket (core's :func:`~agentrl_core.train.weight_sync.iter_buckets`) ``/update_weights
    {names, dtype_names, shapes}`` on every engine *while* rank 0 broadcasts the bucket's
    tensors in order, ``/finish_weight_update {weight_version}``, an optional bit-exact check
@@ -31,6 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from agentrl_core.http.ports import free_port
+from agentrl_core.rollout.engine_client import pause_mode_for
 from agentrl_core.train.weight_sync import WeightSyncError, drain, iter_buckets
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,7 @@ log = logging.getLogger(__name__)
 class VLLMNCCLTransport:
     """Args (keywords; a WeightSyncConfig positionally or as ``weight_sync=``): ``bucket_mb``,
     ``timeout_s``, ``verify`` (default False: hashing every tensor on both sides costs seconds
-    per GB)."""
+    per GB), ``partial_rollouts`` (``rollout.partial_rollouts``: pause with ``retract``)."""
 
     name = "vllm_nccl"
 
@@ -48,6 +50,8 @@ class VLLMNCCLTransport:
         self.bucket_bytes = int(float(kwargs.get("bucket_mb") or getattr(section, "bucket_mb", 512.0)) * 2**20)
         self.timeout_s = float(kwargs.get("timeout_s") or getattr(section, "timeout_s", 600.0))
         self.verify = bool(kwargs.get("verify", False))
+        self.partial_rollouts = bool(kwargs.get("partial_rollouts", False))
+        self.pause_mode = "abort"
         self.urls: list[str] = []
         self.group: Any = None
         self.http: Any = None
@@ -106,6 +110,9 @@ class VLLMNCCLTransport:
             for i in range(len(self.urls))])
         self.group = trainer_init({"master_address": address, "master_port": port, "world_size": world_size})
         joins.result(self.timeout_s)
+        if self.partial_rollouts:  # retract (keep in-flight requests) when every front offers it
+            infos = [self.http.get(url + "/get_model_info").json() for url in self.urls]
+            self.pause_mode = pause_mode_for(infos, self.partial_rollouts)
         if self.verify:
             digests = self.http.get(self.urls[0] + "/weight_digests").json()["digests"]
             self.dtypes = {name: getattr(torch, d["dtype"]) for name, d in digests.items()}
@@ -127,7 +134,7 @@ class VLLMNCCLTransport:
         from agentrl_engine_vllm.digests import compare_digests, tensor_digest
 
         start = time.perf_counter()
-        self._all("/pause_generation", [{"mode": "abort"}] * len(self.urls)).result()
+        self._all("/pause_generation", [{"mode": self.pause_mode}] * len(self.urls)).result()
         self._all("/start_weight_update").result()
         sent: dict[str, str] = {}
         n_tensors = n_bytes = n_buckets = 0

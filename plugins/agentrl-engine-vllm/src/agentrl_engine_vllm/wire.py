@@ -107,10 +107,9 @@ def sglang_answer(choice: Mapping[str, Any], *, rid: str, prompt_tokens: int, de
                   no_stop_trim: bool = False, latency: float = 0.0) -> dict[str, Any]:
     """One vLLM choice -> SGLang's ``/generate`` answer (``output_ids`` include a matched stop token).
 
-    An answer whose tokens span two weight versions (vLLM can resume a request across an
-    update; agentrl pauses with ``abort``, so this should not happen) is reported as
-    aborted, so that the agent loop regenerates the turn: every token of a turn must come
-    from one version.
+    ``weight_versions`` keeps vLLM's spans (a request paused with ``retract``, vLLM's ``keep``,
+    and continued after an update holds tokens of two versions, each span tagged with its
+    own); ``weight_version`` is the last span's, as SGLang reports it.
     """
     ids = [int(t) for t in choice.get("token_ids") or []]
     content = (choice.get("logprobs") or {}).get("content")
@@ -122,10 +121,7 @@ def sglang_answer(choice: Mapping[str, Any], *, rid: str, prompt_tokens: int, de
     kind = choice.get("finish_reason") or "stop"
     matched = choice.get("stop_reason")
     reason: dict[str, Any]
-    if len(set(versions)) > 1:
-        reason = {"type": "abort", "message": f"the weights changed during generation (versions {versions}); "
-                                              "send the request again"}
-    elif kind == "abort":
+    if kind == "abort":
         reason = {"type": "abort", "message": "aborted (a weight update paused generation, or abort_request)"}
     elif kind == "length":
         reason = {"type": "length"}
@@ -143,7 +139,7 @@ def sglang_answer(choice: Mapping[str, Any], *, rid: str, prompt_tokens: int, de
         cut = text.find(matched)
         if cut >= 0:
             text = text[:cut]
-    version = versions[0] if versions else None
+    version = versions[-1] if versions else None
     meta: dict[str, Any] = {
         "id": rid,
         "finish_reason": reason,
