@@ -20,6 +20,13 @@ and the weight updater of 0.5.x were read for each point):
   (mode ``abort``) and ``/abort_request {rid | abort_all}`` end running requests with
   ``finish_reason: {"type": "abort"}`` and the tokens so far, and requests still waiting for
   their prefill with **no** ``output_ids`` at all (SGLang's "Abort before prefill" answer);
+  mode ``retract`` sends running requests back to the queue with their tokens (prefilled
+  again after ``/continue_generation``, then they go on), mode ``in_place`` freezes them
+  where they are, any other mode is refused (``scheduler.pause_generation``). Like SGLang
+  0.5.x, an answer carries one ``weight_version``, the server's when it answers (the
+  tokenizer manager reads ``server_args.weight_version``), and no per-token
+  ``weight_versions``: a request retracted across an update reports the new version for
+  every token, which is why agentrl does not retract SGLang engines;
 * ``/init_weights_update_group`` joins a real ``torch.distributed`` rendezvous at
   ``master_address:master_port`` as ranks ``rank_offset + tp_rank`` for every tensor-parallel
   rank (``--tp-size``), over gloo, and answers once the whole group formed (or 400 on a
@@ -33,8 +40,8 @@ and the weight updater of 0.5.x were read for each point):
   ``internal_states``, ``version``), ``/get_model_info``, ``/flush_cache`` (400 while
   requests run, as SGLang) are served;
 * ``GET /double/requests`` (test-only) returns every request body received, by route,
-  ``GET /double/state`` the environment, groups, received tensors and the admin calls in
-  order, and ``POST /double/config {load_s}`` sets the load time of a weight update.
+  ``GET /double/state`` the environment, groups, received tensors, the admin calls in
+  order and the tokens generated so far by each running request, and ``POST /double/config {load_s}`` sets the load time of a weight update.
 """
 
 from __future__ import annotations
@@ -82,6 +89,7 @@ class _Req:
     def __init__(self, rid: str) -> None:
         self.rid = rid
         self.prefilled = False
+        self.retracted = False  # sent back to the queue by a retracting pause: prefill again before going on
         self.aborted = asyncio.Event()
 
 
@@ -109,6 +117,7 @@ class FakeSGLang:
         self.idle = asyncio.Event()  # no request running (SGLang's writer lock waits for it)
         self.idle.set()
         self.running: dict[str, _Req] = {}
+        self.progress: dict[str, int] = {}  # tokens generated so far, per rid (test-only, in /double/state)
         self.groups: dict[str, _Group] = {}
         self.received: dict[str, list] = {}
         self.order: list[str] = []  # the routes called, in order
@@ -186,23 +195,38 @@ class FakeSGLang:
             if not self.running:
                 self.idle.set()
 
+    async def _hold(self, req: _Req) -> None:
+        """While paused (retract, in_place) a request makes no progress; an abort ends the wait."""
+        gate, aborted = asyncio.ensure_future(self._passed_gate()), asyncio.ensure_future(req.aborted.wait())
+        _, pending = await asyncio.wait({gate, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+
     async def _decode(self, req: _Req, body: dict, params: dict) -> dict:
-        version, base = self.weight_version, sum(body["input_ids"])
+        base = sum(body["input_ids"])
         max_new = int(params.get("max_new_tokens", 128))
         meta: dict[str, Any] = {"id": req.rid, "prompt_tokens": len(body["input_ids"])}
         if await _aborted_within(req, self.prefill_s * len(body["input_ids"])):  # before prefill: SGLang's bare answer
             return {"text": "", "meta_info": {**meta, "finish_reason": {"type": "abort", "message": "Abort before prefill"},
-                                              "prompt_tokens": 0, "completion_tokens": 0}}
+                                              "prompt_tokens": 0, "completion_tokens": 0,
+                                              "weight_version": self.weight_version}}
         req.prefilled = True
         ids: list[int] = []
         reason: dict = {"type": "length", "length": max_new}
         for i in range(max_new):
+            if self.paused:
+                await self._hold(req)
+            if req.retracted and not req.aborted.is_set():  # its KV cache was freed: prompt + tokens again
+                req.retracted = False
+                await _aborted_within(req, self.prefill_s * (len(body["input_ids"]) + len(ids)))
             if await _aborted_within(req, 0.005):
                 reason = {"type": "abort", "message": "Abort in running batch", "status_code": None, "err_type": None}
                 break
             ids.append((base + i) % 1000)
+            self.progress[req.rid] = len(ids)
         logprob = -0.5 * float(params.get("temperature", 1.0)) if _true("SGLANG_RETURN_ORIGINAL_LOGPROB") else -0.5
-        meta.update(finish_reason=reason, completion_tokens=len(ids), cached_tokens=0, weight_version=version)
+        meta.update(finish_reason=reason, completion_tokens=len(ids), cached_tokens=0,
+                    weight_version=self.weight_version)  # the server's version when it answers
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[logprob, t, None] for t in ids]
         return {"text": " ".join(map(str, ids)), "output_ids": ids, "meta_info": meta}
@@ -216,11 +240,17 @@ class FakeSGLang:
 
     async def pause(self, request: Request) -> dict:
         body = self.record(request)
+        mode = body.get("mode", "abort")
+        if mode not in ("abort", "retract", "in_place"):
+            raise HTTPError(400, f"mode must be one of 'abort', 'retract', 'in_place', got {mode!r}")
         await self._set(paused=True)
-        if body.get("mode", "abort") == "abort":  # abort everything, then wait until nothing runs
+        if mode == "abort":  # abort everything, then wait until nothing runs
             for req in self.running.values():
                 req.aborted.set()
             await self.idle.wait()
+        elif mode == "retract":  # back to the waiting queue with their tokens; the KV cache is freed
+            for req in self.running.values():
+                req.retracted = req.prefilled
         return {"message": "Generation paused successfully.", "status": "ok"}
 
     async def resume(self, request: Request) -> dict:
@@ -325,6 +355,7 @@ class FakeSGLang:
                 "weight_version": self.weight_version,
                 "order": [r for r in self.order if r != "/generate"],
                 "groups": {n: {"ranks": g.ranks, "world_size": g.world_size} for n, g in self.groups.items()},
+                "progress": {rid: self.progress.get(rid, 0) for rid in self.running},
                 "tensors": self.tensors}
 
 

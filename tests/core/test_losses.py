@@ -130,3 +130,78 @@ def test_registry_builds_the_loss():
     loss, metrics = loss_fn(_logprobs(), OLD, None, ADV, torch.ones(1, 4), LossConfig())
     assert loss.item() == pytest.approx(0.1)
     assert metrics["dual_clipfrac"].item() == pytest.approx(0.25)
+
+
+# Decoupled PPO (loss.off_policy: decoupled), three tokens, clip 0.2, c = 3, behaviour weight cap 5:
+#   token  A    r = pi/pi_prox  w = pi_prox/pi_behave   per-token loss
+#   1     +1    1.5             2                       max(-1.5, -1.2) * 2       = -2.4   clipped: no gradient
+#   2     -1    1.1             0.5                     min(max(1.1, 1.1), 3) * 0.5 = 0.55 inside: grad 1.1 * 0.5
+#   3     +2    1.0             8 > cap                 0                                  dropped
+DEC_ADV = torch.tensor([[1.0, -1.0, 2.0]])
+DEC_BEHAVE = torch.tensor([[-1.0, -2.0, -0.5]])
+DEC_PROX = DEC_BEHAVE + torch.tensor([[2.0, 0.5, 8.0]]).log()
+DEC_RATIO = torch.tensor([[1.5, 1.1, 1.0]])
+
+
+def _decoupled_logprobs():
+    return (DEC_PROX + DEC_RATIO.log()).clone().requires_grad_(True)
+
+
+def test_decoupled_ppo_hand_computed():
+    from agentrl_core.train.losses import decoupled_pg
+
+    loss, info = decoupled_pg(_decoupled_logprobs(), DEC_PROX, DEC_BEHAVE, DEC_ADV, behave_weight_cap=5.0)
+    torch.testing.assert_close(loss, torch.tensor([[-2.4, 0.55, 0.0]]))
+    torch.testing.assert_close(info["behave_weight"], torch.tensor([[2.0, 0.5, 0.0]]))
+    assert info["behave_capped"].tolist() == [[0.0, 0.0, 1.0]]
+    assert info["clipped"].tolist() == [[1.0, 0.0, 0.0]]
+    uncapped, _ = decoupled_pg(_decoupled_logprobs(), DEC_PROX, DEC_BEHAVE, DEC_ADV, behave_weight_cap=None)
+    torch.testing.assert_close(uncapped, torch.tensor([[-2.4, 0.55, -2.0 * 1.0 * 8.0]]))
+
+
+def test_decoupled_ppo_gradient_and_metrics():
+    logp = _decoupled_logprobs()
+    cfg = LossConfig(kl_coef=0.0, off_policy="decoupled", behave_weight_cap=5.0)
+    loss, metrics = ppo_dual_clip(logp, DEC_BEHAVE, None, DEC_ADV, torch.ones(1, 3), cfg, proximal_logprobs=DEC_PROX)
+    assert loss.item() == pytest.approx((-2.4 + 0.55 + 0.0) / 3)
+    loss.backward()
+    # only token 2 passes: d(-A r w)/dlogp = -A r w = 1.1 * 0.5, / 3 tokens
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 0.55 / 3, 0.0]]))
+    assert metrics["behave_weight"].item() == pytest.approx(2.5 / 3)
+    assert metrics["behave_capped_frac"].item() == pytest.approx(1 / 3)
+    assert metrics["clipfrac"].item() == pytest.approx(1 / 3)
+    assert metrics["ratio"].item() == pytest.approx(3.6 / 3)  # against the proximal policy
+
+
+def test_decoupled_ppo_proximal_defaults_to_the_weights_before_the_update():
+    """One optimizer step per batch: the proximal policy is this forward's own log-probs, detached.
+
+    The ratio is 1 and never clipped; the gradient is -A * w * grad(logp) with w = pi / pi_behave.
+    """
+    logp = (DEC_BEHAVE + torch.tensor([[2.0, 0.5, 8.0]]).log()).clone().requires_grad_(True)
+    cfg = LossConfig(kl_coef=0.0, off_policy="decoupled", behave_weight_cap=5.0)
+    loss, metrics = ppo_dual_clip(logp, DEC_BEHAVE, None, DEC_ADV, torch.ones(1, 3), cfg)
+    assert loss.item() == pytest.approx((-1.0 * 2.0 + 1.0 * 0.5 + 0.0) / 3)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-2.0 / 3, 0.5 / 3, 0.0]]))
+    assert metrics["ratio"].item() == pytest.approx(1.0) and metrics["clipfrac"].item() == 0.0
+
+
+def test_decoupled_equals_ppo_when_the_proximal_policy_is_the_behaviour_policy():
+    logp = _logprobs()
+    ppo, _ = ppo_dual_clip(logp, OLD, None, ADV, torch.ones(1, 4), LossConfig(kl_coef=0.0))
+    decoupled, _ = ppo_dual_clip(logp, OLD, None, ADV, torch.ones(1, 4),
+                                 LossConfig(kl_coef=0.0, off_policy="decoupled"), proximal_logprobs=OLD)
+    torch.testing.assert_close(decoupled, ppo)
+
+
+def test_off_policy_config_is_checked():
+    from agentrl_core.config import config_from_dict
+    from agentrl_core.errors import ConfigError
+
+    with pytest.raises(ValueError):
+        LossConfig(behave_weight_cap=0.5)
+    with pytest.raises(ConfigError, match="loss.off_policy must be one of 'ppo', 'decoupled', got 'areal'"):
+        config_from_dict({"loss": {"off_policy": "areal"}})
+    assert LossConfig().off_policy == "ppo" and LossConfig().behave_weight_cap == 5.0
+    assert config_from_dict({"loss": {"behave_weight_cap": None}}).loss.behave_weight_cap is None

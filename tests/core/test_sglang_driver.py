@@ -20,7 +20,7 @@ from sglang_double import install_shim
 from agentrl_core.config import EngineConfig, ModelConfig, SGLangOptions
 from agentrl_core.registry import Registry
 from agentrl_core.rollout.drivers import EngineLaunchError
-from agentrl_core.rollout.engine_client import EngineError, EnginePool
+from agentrl_core.rollout.engine_client import EngineClient, EngineError, EnginePool, pause_mode_for
 from agentrl_core.rollout.sglang_driver import SGLangDriver
 
 pytestmark = pytest.mark.anyio
@@ -267,6 +267,95 @@ def test_disk_sync_pauses_loads_and_continues(tmp_path, monkeypatch, tiny_model_
     with safe_open(str(tmp_path / "shared" / "weights_v3" / "model.safetensors"), "pt") as f:
         names = f.keys()
         assert {f.get_slice(k).get_dtype() for k in names} == {"BF16"}
+
+
+async def wait_for_tokens(url, count, rid=None):
+    """Until a request running on the double (``rid``, or any) has generated ``count`` tokens."""
+    async with httpx.AsyncClient() as http:
+        with anyio.fail_after(30):
+            while True:
+                progress = (await http.get(url + "/double/state")).json()["progress"]
+                if any(n >= count for r, n in progress.items() if rid in (None, r)):
+                    return
+                await anyio.sleep(0.01)
+
+
+@pytest.mark.processes
+async def test_partial_rollouts_on_sglang_continue_a_cut_turn_from_its_tokens(tmp_path, monkeypatch, tiny_model_dir):
+    """SGLang reports one weight version per answer, so its pools pause with abort even with partial
+    rollouts on; the turn cut by the sync is continued from its tokens: none discarded, each token
+    tagged with the version that sampled it. With partial rollouts off the cut tokens are thrown away."""
+    from safetensors.torch import load_file
+
+    from agentrl_core.rollout.agent_loop import generate_turn
+    from agentrl_core.train.weight_sync import DiskTransport
+
+    shim = install_shim(tmp_path / "shim")
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    monkeypatch.setenv("SGLANG_DOUBLE_STARTUP_S", "0")
+    driver = SGLangDriver(sglang_config(python=sys.executable, startup_timeout=60), log_dir=str(tmp_path / "logs"))
+    weights = list(load_file(str(tiny_model_dir / "model.safetensors")).items())
+    prompt, n = [1, 2, 3], 1000  # 5 ms per token: 5 s, cut by the sync after 20 tokens
+    with driver:
+        [url] = await anyio.to_thread.run_sync(driver.launch, "current", str(tiny_model_dir), [[0]])
+        transport = DiskTransport(None, disk_path=str(tmp_path / "shared"), model_dir=str(tiny_model_dir),
+                                  timeout_s=60, partial_rollouts=True)
+        await anyio.to_thread.run_sync(transport.connect, None, [url])
+        assert transport.pause_mode == "abort"  # /get_model_info lists no pause_modes
+        turns = {}
+        try:
+            async with EnginePool("current", [url]) as pool:
+                for partial, version in ((True, 1), (False, 2)):
+                    async with anyio.create_task_group() as tg:
+                        async def turn(partial=partial):
+                            turns[partial] = await generate_turn(pool, f"t{partial}", prompt, {"max_new_tokens": n},
+                                                                 partial_rollouts=partial)
+
+                        tg.start_soon(turn)
+                        await wait_for_tokens(url, 20)
+                        await anyio.to_thread.run_sync(lambda v=version: transport.send(iter(weights), version=v))
+        finally:
+            transport.close()
+    kept = turns[True]
+    k = kept.versions.count(0)
+    assert 20 <= k < n and kept.versions == [0] * k + [1] * (n - k) and len(kept.ids) == n
+    assert kept.ids[:k] == [(6 + i) % 1000 for i in range(k)]  # the cut answer's tokens, as they were
+    assert kept.ids[k:] == [(sum(prompt) + sum(kept.ids[:k]) + i) % 1000 for i in range(n - k)]  # given them
+    assert kept.aborted == 1 and kept.discarded_tokens == 0 and kept.interrupted and kept.mixed
+    assert kept.finish_reason == "length" and len(kept.logprobs) == n
+    regenerated = turns[False]
+    assert regenerated.versions == [2] * n and regenerated.ids == [(6 + i) % 1000 for i in range(n)]
+    assert regenerated.aborted == 1 and 20 <= regenerated.discarded_tokens < n and not regenerated.interrupted
+
+
+@pytest.mark.processes
+async def test_sglang_retract_keeps_tokens_but_reports_one_version_per_answer(tmp_path, monkeypatch, tiny_model_dir):
+    """Why agentrl does not retract SGLang engines: the answer cannot say which tokens came before the update."""
+    shim = install_shim(tmp_path / "shim")
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    monkeypatch.setenv("SGLANG_DOUBLE_STARTUP_S", "0")
+    driver = SGLangDriver(sglang_config(python=sys.executable, startup_timeout=60), log_dir=str(tmp_path / "logs"))
+    with driver:
+        [url] = await anyio.to_thread.run_sync(driver.launch, "current", str(tiny_model_dir), [[0]])
+        async with EngineClient(url) as client:
+            with pytest.raises(EngineError, match="mode must be one of"):
+                await client.pause_generation("freeze")
+            async with anyio.create_task_group() as tg:
+                box = {}
+
+                async def long():
+                    box["r"] = await client.generate([1, 2, 3], {"max_new_tokens": 300}, rid="long")
+
+                tg.start_soon(long)
+                await wait_for_tokens(url, 10, "long")
+                await client.pause_generation("retract")
+                await client.update_weights_from_disk(str(tiny_model_dir), weight_version=7)
+                await client.continue_generation()
+            info = await client.model_info()
+    result = box["r"]
+    assert result.finish_reason == "length" and result.output_ids == [(6 + i) % 1000 for i in range(300)]
+    assert result.versions == [7] * 300  # the tokens sampled before the update are labelled 7 as well
+    assert pause_mode_for([info], partial_rollouts=True) == "abort"
 
 
 @pytest.mark.processes

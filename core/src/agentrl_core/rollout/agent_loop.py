@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import anyio
+import attrs
 from attrs import field, frozen
 
 from agentrl_core.rollout.chat_encoding import ChatEncoder, TemplateError, probe_template
@@ -266,47 +267,18 @@ class ChatAgentLoop:
             "stop_token_ids": encoder.stop_token_ids,
         }
         t0 = time.monotonic()
-        ids: list[int] = []  # what this turn has so far (tokens of answers cut by an abort, when kept)
-        logprobs: list[float] = []
-        versions: list[int] = []
-        continued = False
-        for retry in range(self.settings.max_abort_retries + 1):
-            try:
-                out = await pool.generate(request.uid, state.ids + ids, {**params, "max_new_tokens": max_new - len(ids)})
-            except Exception as exc:
-                raise InfraFailure(f"engine ({pool_name}): {exc}") from exc
-            out_versions = [_version(v) for v in (getattr(out, "versions", None)
-                                                     or [out.weight_version] * len(out.output_ids))]
-            if out.finish_reason == "abort":
-                state.aborted_turns += 1  # a weight sync (or abort_request) cut the answer short
-                if not self.settings.partial_rollouts:  # generate the turn again from its start
-                    state.discarded_tokens += len(out.output_ids)
-                    continue
-                ids += out.output_ids
-                logprobs += out.logprobs
-                versions += out_versions
-                continued = continued or bool(out.output_ids)
-                stopped = bool(ids) and ids[-1] in encoder.stop_token_ids
-                if not stopped and len(ids) < max_new:
-                    continue  # continue the turn from the tokens it has
-                reason = "stop" if stopped else "length"
-            else:
-                ids += out.output_ids
-                logprobs += out.logprobs
-                versions += out_versions
-                reason = out.finish_reason
-            state.generate_seconds += time.monotonic() - t0
-            mixed = len(set(versions)) > 1
-            if continued or mixed:  # paused by a weight sync and continued (by the engine or from here)
-                state.interrupted_turns += 1
-            if mixed:
-                state.mixed_version_tokens += len(ids)
-            return _TurnResult(
-                ids=ids, logprobs=logprobs, versions=versions,
-                version=versions[0] if versions else _version(out.weight_version),
-                finish_reason=reason, engine=str(getattr(out, "engine", "")), pool=pool_name, retries=retry,
-            )
-        raise InfraFailure(f"turn {turn} was aborted {self.settings.max_abort_retries + 1} times in a row")
+        try:
+            result = await generate_turn(pool, request.uid, state.ids, params, stop_token_ids=encoder.stop_token_ids,
+                                         partial_rollouts=self.settings.partial_rollouts,
+                                         max_abort_retries=self.settings.max_abort_retries)
+        except InfraFailure as exc:
+            raise InfraFailure(f"turn {turn}: {exc}") from exc
+        state.generate_seconds += time.monotonic() - t0
+        state.aborted_turns += result.aborted
+        state.discarded_tokens += result.discarded_tokens
+        state.interrupted_turns += result.interrupted
+        state.mixed_version_tokens += len(result.ids) if result.mixed else 0
+        return attrs.evolve(result, pool=pool_name)
 
     def _assistant_message(self, text: str, tools: Sequence[dict[str, Any]], state: _State) -> Message:
         calls, normal_text, error = self.tool_parser.parse(text, tools)
@@ -356,6 +328,66 @@ class ChatAgentLoop:
         )
 
 
+async def generate_turn(
+    pool: GenerationPool,
+    key: str,
+    prompt_ids: Sequence[int],
+    params: Mapping[str, Any],
+    *,
+    stop_token_ids: Sequence[int] = (),
+    partial_rollouts: bool = True,
+    max_abort_retries: int = 100,
+) -> TurnResult:
+    """One assistant turn from ``pool``, whatever weight syncs happen meanwhile.
+
+    An answer cut short by an ``abort`` (a weight sync paused an engine that can only abort,
+    or an ``abort_request``) is continued from the tokens it has when ``partial_rollouts``:
+    the next request is ``prompt + tokens so far`` with the remaining ``max_new_tokens``, so
+    every token is kept with the log-prob and version of the weights that sampled it. Without
+    partial rollouts the turn is generated again from its start and the cut tokens count as
+    discarded. An engine that retracts instead (hf, vllm) answers once, its tokens already
+    tagged with their versions. Raises :class:`InfraFailure` on engine errors, on a version
+    that is not an integer, and after ``max_abort_retries + 1`` aborts in a row.
+    """
+    max_new = int(params["max_new_tokens"])
+    stops = set(stop_token_ids)
+    ids: list[int] = []  # what the turn has so far
+    logprobs: list[float] = []
+    versions: list[int] = []
+    aborted = discarded = 0
+    continued = False
+    for retry in range(max_abort_retries + 1):
+        try:
+            out = await pool.generate(key, [*prompt_ids, *ids], {**params, "max_new_tokens": max_new - len(ids)})
+        except Exception as exc:
+            raise InfraFailure(f"engine ({getattr(pool, 'name', '?')}): {exc}") from exc
+        out_versions = [_version(v) for v in (getattr(out, "versions", None)
+                                                 or [out.weight_version] * len(out.output_ids))]
+        reason = out.finish_reason
+        if reason == "abort":
+            aborted += 1
+            if not partial_rollouts:  # generate the turn again from its start
+                discarded += len(out.output_ids)
+                continue
+            continued = continued or bool(out.output_ids)
+        ids += out.output_ids
+        logprobs += out.logprobs
+        versions += out_versions
+        if reason == "abort":
+            stopped = bool(ids) and ids[-1] in stops
+            if not stopped and len(ids) < max_new:
+                continue  # continue the turn from the tokens it has
+            reason = "stop" if stopped else "length"
+        mixed = len(set(versions)) > 1
+        return TurnResult(
+            ids=ids, logprobs=logprobs, versions=versions,
+            version=versions[0] if versions else _version(out.weight_version), finish_reason=reason,
+            engine=str(getattr(out, "engine", "")), pool=getattr(pool, "name", ""), retries=retry, aborted=aborted,
+            discarded_tokens=discarded, interrupted=continued or mixed, mixed=mixed,
+        )
+    raise InfraFailure(f"aborted {max_abort_retries + 1} times in a row")
+
+
 def _version(value: Any) -> int:
     try:
         return int(value)
@@ -365,15 +397,21 @@ def _version(value: Any) -> int:
 
 
 @frozen
-class _TurnResult:
+class TurnResult:
+    """One generated turn (:func:`generate_turn`)."""
+
     ids: list[int]
     logprobs: list[float]
-    versions: list[int]  # of each token
+    versions: list[int]  # the weight version of each token
     version: int  # of the first token
-    finish_reason: str
+    finish_reason: str  # stop | length
     engine: str
     pool: str
-    retries: int
+    retries: int  # requests sent after the first
+    aborted: int = 0  # answers cut short by an abort
+    discarded_tokens: int = 0  # tokens of aborted answers thrown away (partial rollouts off)
+    interrupted: bool = False  # paused by a weight sync and continued (by the engine or by generate_turn)
+    mixed: bool = False  # tokens of more than one version
 
 
 class _State:
