@@ -241,7 +241,7 @@ def test_tensor_parallel_engines_join_the_weight_group_with_every_rank(tmp_path,
 @pytest.mark.processes
 def test_disk_sync_pauses_loads_and_continues(tmp_path, monkeypatch, tiny_model_dir):
     # unpaused, SGLang's /update_weights_from_disk waits for every running request to finish;
-    # the transport pauses (aborting them: the agent loop regenerates) so a sync takes bounded time
+    # the transport pauses (aborting them: the agent loop continues their turns) so a sync takes bounded time
     from safetensors import safe_open
     from safetensors.torch import load_file
 

@@ -130,8 +130,8 @@ def test_unsupported_requests_get_a_clear_400(engine):
             with pytest.raises(EngineError, match="weight_sync.transport: disk .* or vllm_nccl"):
                 await client.init_weights_update_group(master_address="127.0.0.1", master_port=1, rank_offset=1,
                                                        world_size=2)
-            with pytest.raises(EngineError, match="only 'abort'"):
-                await client.pause_generation(mode="retract")
+            with pytest.raises(EngineError, match="mode 'in_place' is not supported; use 'abort' .* or 'retract'"):
+                await client.pause_generation(mode="in_place")
 
     anyio.run(main)
 
@@ -188,6 +188,58 @@ def test_pause_aborts_running_requests_and_holds_new_ones_until_continue(engine,
     assert box["running"].finish_reason == "abort" and box["running"].weight_version == 0
     assert len(box["running"].output_ids) < 600
     assert box["held"].finish_reason == "length" and box["held"].weight_version == 1
+
+
+def test_partial_rollouts_keep_in_flight_requests_across_a_weight_sync(engine, tiny_model_dir, tmp_path):
+    """rollout.partial_rollouts: the sync pauses with retract (vLLM's keep + clear_cache), the running request
+    keeps its tokens, is prefilled again under the new weights and goes on; each token is tagged and scored by
+    the version that sampled it, and none is thrown away."""
+    from transformers import AutoModelForCausalLM
+
+    old, new = perturbed(tiny_model_dir, 0.02, 7), perturbed(tiny_model_dir, 0.02, 8)
+    transport = DiskTransport(disk_path=str(tmp_path / "sync"), model_dir=str(tiny_model_dir), partial_rollouts=True)
+    transport.connect(None, [engine])
+    prompt, n = [11, 12, 13], 600
+    try:
+        assert transport.pause_mode == "retract"  # the front lists it in /get_model_info's pause_modes
+        transport.send(iter(old), 10)
+
+        async def main():
+            async with EngineClient(engine) as client:
+                box = {}
+
+                async def long_request():
+                    box["result"] = await client.generate(prompt, {"temperature": 0.0, "max_new_tokens": n,
+                                                                   "ignore_eos": True})
+
+                async with anyio.create_task_group() as tg:
+                    start = (await client.server_info())["generated_tokens"]
+                    tg.start_soon(long_request)
+
+                    async def generating():
+                        return (await client.server_info())["generated_tokens"] > start + 5
+
+                    await wait_until(generating, what="the request to generate tokens")
+                    stats = await anyio.to_thread.run_sync(lambda: transport.send(iter(new), 11))
+                return box["result"], stats
+
+        result, stats = anyio.run(main)
+    finally:
+        transport.close()
+    assert stats["retracted_requests"] == 1 and stats["aborted_requests"] == 0
+    assert result.finish_reason == "length" and len(result.output_ids) == n
+    k = result.versions.count(10)
+    assert 5 <= k < n and result.versions == [10] * k + [11] * (n - k), result.meta_info["weight_versions"]
+    kept, rest = result.output_ids[:k], result.output_ids[k:]
+    for weights, context, tokens, logprobs in ((old, prompt, kept, result.logprobs[:k]),
+                                               (new, prompt + kept, rest, result.logprobs[k:])):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+        model.load_state_dict(dict(weights), strict=False)
+        with torch.no_grad():
+            logits = model(torch.tensor([context + tokens])).logits[0, len(context) - 1:-1]
+        assert tokens == logits.argmax(-1).tolist()  # greedy under the weights of its version
+        reference = reference_logprobs(model, context, tokens, 0.0)
+        assert max(abs(a - b) for a, b in zip(logprobs, reference)) < 1e-4
 
 
 def test_disk_update_loads_the_learners_weights_bit_exactly(engine, tiny_model_dir, hf_model, tmp_path):
