@@ -20,6 +20,7 @@ CORE_LAYERS = [
     "jobs | testing",
     "launch",
     "train | eval",
+    "gateway",
     "rollout",
     "engine | controlplane",
     "env | http | processes | tinymodel",
@@ -77,13 +78,13 @@ def main(out: str) -> None:
             source_modules=["agentrl_core.env"],
             forbidden_modules=[f"agentrl_core.{m}" for m in (
                 "config", "registry", "plugins", "http", "processes", "controlplane", "engine", "rollout",
-                "train", "eval", "launch", "jobs", "testing", "tinymodel", "cli",
+                "gateway", "train", "eval", "launch", "jobs", "testing", "tinymodel", "cli",
             )],
         ),
         *_contract(
             "nothing-imports-testing", "only tests import agentrl_core.testing", "forbidden",
             source_modules=[f"agentrl_core.{m}" for m in (
-                "cli", "jobs", "launch", "train", "eval", "rollout", "engine", "controlplane",
+                "cli", "jobs", "launch", "train", "eval", "gateway", "rollout", "engine", "controlplane",
             )],
             forbidden_modules=["agentrl_core.testing"],
         ),

@@ -299,7 +299,8 @@ def test_template_rewrite_is_detected(tokenizer, parser):
         "{%- else %}{{- '\\n' + message.content }}{%- endif %}",
     )
     problems = probe_template(rewriting, [ADD])
-    assert problems == ["the template rewrites earlier turns with reasoning blocks"]
+    assert problems == ["the template rewrites earlier turns with reasoning blocks once tool results follow",
+                        "the template rewrites earlier turns with reasoning blocks once a new user message follows"]
     loop = make_loop(rewriting, parser, ScriptedPool([]), SumEnv(), on_template_rewrite="error")
     with pytest.raises(TemplateError, match="rewrites earlier turns"):
         loop.encoder_for([ADD, ANSWER])

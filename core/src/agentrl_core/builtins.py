@@ -10,8 +10,10 @@ from agentrl_core.hookspecs import hookimpl
 from agentrl_core.types import (
     AdvantageEstimatorSpec,
     AgentLoopSpec,
+    ChatTemplateSpec,
     LoggerSpec,
     PolicyLossSpec,
+    ReasoningParserSpec,
     RolloutEngineSpec,
     SamplerSpec,
     ToolParserSpec,
@@ -102,6 +104,38 @@ def agentrl_tool_parsers():
             name="hermes", factory="agentrl_core.rollout.tool_parsers:HermesParser",
             description="Hermes-2-Pro style tool calls",
         ),
+        ToolParserSpec(
+            name="qwen3", factory="agentrl_core.rollout.tool_parsers:Qwen3Parser",
+            description="<tool_call>{json}</tool_call> blocks (Qwen3)",
+        ),
+        ToolParserSpec(
+            name="qwen3_coder", factory="agentrl_core.rollout.tool_parsers:Qwen3CoderParser",
+            description="<function=f><parameter=a> XML calls (Qwen3-Coder)",
+        ),
+    ]
+
+
+@hookimpl
+def agentrl_chat_templates():
+    return [
+        ChatTemplateSpec(
+            name="hf", factory="agentrl_core.rollout.chat_templates:HFChatTemplate",
+            description="the tokenizer's own template (or model.chat_template)",
+        ),
+        ChatTemplateSpec(
+            name="qwen3", factory="agentrl_core.rollout.chat_templates:Qwen3ChatTemplate",
+            description="Qwen3's format: <think> kept only after the last user query",
+        ),
+    ]
+
+
+@hookimpl
+def agentrl_reasoning_parsers():
+    return [
+        ReasoningParserSpec(
+            name="think", factory="agentrl_core.rollout.reasoning_parsers:ThinkParser",
+            description="<think>reasoning</think> (Qwen3, DeepSeek-R1)",
+        )
     ]
 
 

@@ -28,10 +28,13 @@ from agentrl_core.types import (
     AdvantageEstimatorSpec,
     AdvantageNormalizerSpec,
     AgentLoopSpec,
+    AgentProgramSpec,
+    ChatTemplateSpec,
     ComponentSpec,
     EnvironmentSpec,
     LoggerSpec,
     PolicyLossSpec,
+    ReasoningParserSpec,
     RolloutEngineSpec,
     SamplerSpec,
     ToolParserSpec,
@@ -287,6 +290,48 @@ class EvalConfig:
 
 
 @frozen
+class GatewayConfig:
+    """The OpenAI-compatible training gateway (``agentrl gateway``; core/docs/gateway.md). Durations in seconds."""
+
+    host: str = "127.0.0.1"
+    port: int = field(default=0, validator=in_range(0, 65535))
+    served_model_name: str | None = None  # None: the model directory's name (any name is accepted in requests)
+    chat_template: str = "hf"  # a chat template plugin: hf (the tokenizer's, or model.chat_template), qwen3, ...
+    tool_parser: str | None = None  # None: model.tool_parser
+    reasoning_parser: str | None = None  # e.g. think: <think>...</think> returned as reasoning_content
+    # rollout: temperature, top_p and top_k are the run's (rollout.*), so log-probs match the learner's;
+    # client: as each request asks (for serving or data collection, not for training)
+    sampling: Literal["rollout", "client"] = "rollout"
+    on_weight_update: Literal["hold", "reject"] = "hold"  # hold the call, or answer 429 with Retry-After
+    retry_after_s: float = field(default=2.0, validator=in_range(0.0, lo_open=True))
+    idle_timeout: float = field(default=300.0, validator=in_range(0.0, lo_open=True))  # no call: the session expires
+    max_duration: float = field(default=3600.0, validator=in_range(0.0, lo_open=True))  # a session's whole life
+    finished_ttl: float = field(default=600.0, validator=in_range(0.0))  # an ended session's record is kept
+    replay_window: int = field(default=8, validator=in_range(1))  # recent calls per session a retry can replay
+    max_abort_retries: int = field(default=100, validator=in_range(0))  # hold: resend a call aborted by updates
+    max_body_bytes: int = field(default=64 * 1024 * 1024, validator=in_range(1024))
+    export: str | None = None  # append every ended session's record (tokens included) to this JSONL file
+
+
+@frozen
+class AgentConfig:
+    """``agentrl train`` with an agent program: ``agent: NAME`` (a plugin) or ``agent: path/to/file.py:function``."""
+
+    __shorthand__ = "name"
+    __extra_sections__ = "options"
+
+    name: str | None = None  # an agentrl_agent_programs name, "module:function" or "file.py:function"
+    # a program written as a plain (blocking) function runs in threads; at most this many at once
+    threads: int = field(default=64, validator=in_range(1))
+    options: dict[str, Any] = field(factory=dict)
+
+    @property
+    def is_reference(self) -> bool:
+        """``module:function`` or ``file.py:function`` rather than a registered program's name."""
+        return self.name is not None and ":" in self.name
+
+
+@frozen
 class Config:
     run: RunConfig = field(factory=RunConfig)
     model: ModelConfig = field(factory=ModelConfig)
@@ -305,6 +350,8 @@ class Config:
     logging: LoggingConfig = field(factory=LoggingConfig)
     eval: EvalConfig = field(factory=EvalConfig)
     sft: SFTConfig = field(factory=SFTConfig)
+    gateway: GatewayConfig = field(factory=GatewayConfig)
+    agent: AgentConfig = field(factory=AgentConfig)
 
     def environment_config(self, env: str) -> Any:
         """The validated config object of environment ``env`` (schema defaults if absent)."""
@@ -410,9 +457,23 @@ def validate_plugin_sections(config: Config, registry: Registry, marks: Mapping[
     spec_or_error(AgentLoopSpec, config.rollout.agent_loop, "rollout.agent_loop")
     for i, name in enumerate(config.logging.loggers):
         spec_or_error(LoggerSpec, name, f"logging.loggers[{i}]")
+    spec_or_error(ChatTemplateSpec, config.gateway.chat_template, "gateway.chat_template")
+    if config.gateway.tool_parser is not None:
+        spec_or_error(ToolParserSpec, config.gateway.tool_parser, "gateway.tool_parser")
+    if config.gateway.reasoning_parser is not None:
+        spec_or_error(ReasoningParserSpec, config.gateway.reasoning_parser, "gateway.reasoning_parser")
+    agent = config.agent
+    agent_options = dict(agent.options)
+    if agent.name is not None and not agent.is_reference:
+        agent_options[agent.name] = validated(AgentProgramSpec, agent.name, agent.options.get(agent.name), "agent.name")
+    elif agent.options:
+        extra = ", ".join(sorted(agent.options))
+        raise ConfigError(f"agent.{extra}{where('agent', marks)}: options are for a registered agent program; "
+                          f"agent.name is {agent.name!r}")
 
     return attrs.evolve(
         config,
+        agent=attrs.evolve(agent, options=agent_options),
         environments=envs,
         sampler=attrs.evolve(config.sampler, options=sampler_options),
         advantage=attrs.evolve(config.advantage, options=adv_options),

@@ -17,9 +17,12 @@ if TYPE_CHECKING:
         AdvantageEstimatorSpec,
         AdvantageNormalizerSpec,
         AgentLoopSpec,
+        AgentProgramSpec,
+        ChatTemplateSpec,
         EnvironmentSpec,
         LoggerSpec,
         PolicyLossSpec,
+        ReasoningParserSpec,
         RolloutEngineSpec,
         SamplerSpec,
         ToolParserSpec,
@@ -134,7 +137,7 @@ def agentrl_rollout_engines() -> Iterable[RolloutEngineSpec]:
 
 @hookspec
 def agentrl_tool_parsers() -> Iterable[ToolParserSpec]:
-    """Parsers from model text to tool calls (built-in: ``qwen25``, ``hermes``).
+    """Parsers from model text to tool calls (built-in: ``qwen25``, ``hermes``, ``qwen3``, ``qwen3_coder``).
 
     The factory takes the config section and returns a ToolParser whose
     ``parse(text, tools) -> (calls, normal_text, error)`` never raises::
@@ -167,4 +170,73 @@ def agentrl_loggers() -> Iterable[LoggerSpec]:
         @hookimpl
         def agentrl_loggers():
             return [LoggerSpec(name="wandb", factory="my_pkg.wandb_logger:WandbLogger")]
+    """
+
+
+@hookspec
+def agentrl_chat_templates() -> Iterable[ChatTemplateSpec]:
+    """Chat templates: how a model family renders a conversation (built-in: ``hf``, ``qwen3``).
+
+    The factory takes the config section and the run's tokenizer and returns a ChatTemplate
+    whose ``render(messages, tools, *, add_generation_prompt, **template_kwargs)`` returns
+    token ids; the gateway renders every prompt through it (``gateway.chat_template``)::
+
+        from agentrl_core import hookimpl
+        from agentrl_core.rollout.chat_templates import JinjaChatTemplate
+        from agentrl_core.types import ChatTemplateSpec
+
+        class Llama3Template(JinjaChatTemplate):
+            template = "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\\n\\n..."
+
+        @hookimpl
+        def agentrl_chat_templates():
+            return [ChatTemplateSpec(name="llama3", factory="my_pkg.templates:Llama3Template")]
+    """
+
+
+@hookspec
+def agentrl_reasoning_parsers() -> Iterable[ReasoningParserSpec]:
+    """Parsers that split a reply's reasoning from its answer (built-in: ``think``).
+
+    The factory takes the config section and returns a ReasoningParser whose
+    ``parse(text) -> (reasoning or None, content)`` never raises; the gateway returns the
+    reasoning as ``reasoning_content`` (``gateway.reasoning_parser``)::
+
+        @hookimpl
+        def agentrl_reasoning_parsers():
+            return [ReasoningParserSpec(name="gpt_oss", factory="my_pkg.reasoning:HarmonyParser")]
+    """
+
+
+@hookspec
+def agentrl_agent_programs() -> Iterable[AgentProgramSpec]:
+    """Agent programs: a team's own agent, trained through the gateway (``agent: NAME`` in a config).
+
+    The factory takes the config section (``agent.<name>``) and returns an async function
+    ``(task, base_url) -> reward | None``. ``agentrl train`` calls it ``rollout.n_samples``
+    times per task; everything the agent sends to ``base_url`` with the OpenAI SDK is captured
+    token by token and trained on. ``task`` is an :class:`agentrl_core.gateway.AgentTask`:
+    the environment's first messages and tools, and ``task.env.step(message)`` to act::
+
+        from openai import AsyncOpenAI
+
+        from agentrl_core import hookimpl
+        from agentrl_core.types import AgentProgramSpec
+
+        async def run(task, base_url):
+            client = AsyncOpenAI(base_url=base_url, api_key=task.api_key)
+            messages = list(task.messages)
+            while not task.env.finished:
+                reply = await client.chat.completions.create(model=task.model, messages=messages, tools=task.tools)
+                message = reply.choices[0].message.model_dump(exclude_none=True)
+                observation = await task.env.step(message)
+                messages += [message, *observation.messages]
+            return None  # the environment scored the episode
+
+        def make_agent(config):
+            return run
+
+        @hookimpl
+        def agentrl_agent_programs():
+            return [AgentProgramSpec(name="my_agent", factory="my_pkg.agent:make_agent")]
     """

@@ -102,6 +102,28 @@ class AgentLoop(Protocol):
     async def run(self, request: Any) -> Any: ...
 
 
+class ChatTemplate(Protocol):
+    """Renders an OpenAI conversation into the model's prompt token ids."""
+
+    def render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None, *,
+               add_generation_prompt: bool) -> list[int]: ...
+
+
+class ReasoningParser(Protocol):
+    def parse(self, text: str) -> tuple[str | None, str]:
+        """Return ``(reasoning, content)``: the reasoning text (``None`` if there is none) and the rest; never raises."""
+
+
+class AgentProgram(Protocol):
+    """A third party's agent: plays one task through the OpenAI-compatible ``base_url``.
+
+    Returns the reward (a number) or ``None`` when the reward comes from elsewhere (posted to
+    the session, or computed by the environment). A plain function is fine too.
+    """
+
+    async def __call__(self, task: Any, base_url: str) -> float | None: ...
+
+
 class Logger(Protocol):
     def log(self, step: int, metrics: Mapping[str, Any]) -> None: ...
 

@@ -28,10 +28,13 @@ if TYPE_CHECKING:  # the component each kind builds, named as a string in Compon
         AdvantageEstimator,
         AdvantageNormalizer,
         AgentLoop,
+        AgentProgram,
+        ChatTemplate,
         EngineDriver,
         Environment,
         Logger,
         PolicyLoss,
+        ReasoningParser,
         Sampler,
         ToolParser,
         WeightSyncTransport,
@@ -173,6 +176,23 @@ class LoggerSpec(ComponentSpec["Logger"]):
     hook: ClassVar[str] = "agentrl_loggers"
 
 
+@frozen
+class ChatTemplateSpec(ComponentSpec["ChatTemplate"]):
+    kind: ClassVar[str] = "chat_template"
+    hook: ClassVar[str] = "agentrl_chat_templates"
+
+
+@frozen
+class ReasoningParserSpec(ComponentSpec["ReasoningParser"]):
+    kind: ClassVar[str] = "reasoning_parser"
+    hook: ClassVar[str] = "agentrl_reasoning_parsers"
+
+
+@frozen
+class AgentProgramSpec(ComponentSpec["AgentProgram"]):
+    kind: ClassVar[str] = "agent_program"
+    hook: ClassVar[str] = "agentrl_agent_programs"
+
 
 # Every component kind, declared once; the registry, config validation and the tests of the
 # hookspecs, the built-ins and the docs derive from this tuple.
@@ -187,6 +207,9 @@ SPEC_TYPES: tuple[type[ComponentSpec[Any]], ...] = (
     ToolParserSpec,
     AgentLoopSpec,
     LoggerSpec,
+    ChatTemplateSpec,
+    ReasoningParserSpec,
+    AgentProgramSpec,
 )
 
 # ---------------------------------------------------------------------------------------
@@ -297,6 +320,11 @@ class Trajectory:
     the weights that sampled them; environment and template tokens carry ``loss_mask=0``,
     log-prob 0 and version -1. ``reward`` is the raw environment reward,
     ``training_reward`` the one after the status table (``None`` for infra failures).
+
+    ``sequence_lengths`` (``None``: one sequence) cuts the token arrays into several
+    sequences that the learner trains separately, each from its own first token: a gateway
+    session whose calls did not extend one another (docs/architecture.md section 5) is one
+    episode, with one reward and one advantage, made of several token sequences.
     """
 
     group_id: str
@@ -318,12 +346,27 @@ class Trajectory:
     prompt_length: int = 0
     metrics: dict[str, Any] = field(factory=dict)
     messages: list[Message] | None = None
+    sequence_lengths: list[int] | None = None
 
     def __attrs_post_init__(self) -> None:
         n = len(self.input_ids)
         for name in ("loss_mask", "rollout_logprobs", "versions"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"Trajectory {self.uid}: {name} has {len(getattr(self, name))} entries, input_ids {n}")
+        lengths = self.sequence_lengths
+        if lengths is not None and (sum(lengths) != n or any(k < 1 for k in lengths)):
+            raise ValueError(f"Trajectory {self.uid}: sequence_lengths {lengths} must be positive and add up to "
+                             f"the {n} tokens")
+
+    def sequences(self) -> list[tuple[int, int]]:
+        """``(start, end)`` of each token sequence the learner trains separately."""
+        if not self.sequence_lengths:
+            return [(0, len(self.input_ids))]
+        bounds, start = [], 0
+        for length in self.sequence_lengths:
+            bounds.append((start, start + length))
+            start += length
+        return bounds
 
     @property
     def num_action_tokens(self) -> int:

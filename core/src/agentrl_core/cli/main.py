@@ -18,6 +18,7 @@ COMMANDS = [
     "demos",
     "model",
     "engine",
+    "gateway",
     "worker",
     "controller",
     "train",

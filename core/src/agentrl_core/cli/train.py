@@ -27,5 +27,24 @@ def run(args: argparse.Namespace) -> int:
     registry = Registry()
     config = load_config(args.config, overrides, registry=registry)
     check_model_path(config.model.path)
+    config = _agent_path_from_config_dir(config, args.config)
     summary = Trainer(config, resume=args.resume, registry=registry).run()
     return 130 if summary.get("interrupted") else 0  # stopped early by SIGINT/SIGTERM, state saved
+
+
+def _agent_path_from_config_dir(config, config_path: str):
+    """``agent: my_agent.py:run`` is found from the working directory, else from the config file's folder."""
+    from pathlib import Path
+
+    import attrs
+
+    name = config.agent.name
+    if not config.agent.is_reference:
+        return config
+    target, _, attr = name.rpartition(":")
+    if not (target.endswith(".py") or "/" in target) or Path(target).exists():
+        return config
+    beside = Path(config_path).resolve().parent / target
+    if not beside.exists():
+        return config
+    return attrs.evolve(config, agent=attrs.evolve(config.agent, name=f"{beside}:{attr}"))

@@ -113,6 +113,7 @@ class Trainer:
         self.echo(f"placement: {placement.describe()}")
         control = None
         pools = None
+        self.gateway_process = None
         t0 = time.monotonic()
         try:
             url = c.controller.url
@@ -122,6 +123,11 @@ class Trainer:
                 url = control.start()
             init_ray(c, num_cpus=len(devices) if kind == "cpu" else None)
             pools = RayPools(placement, c, model_path=c.model.path, run_dir=self.run_dir)
+            if c.agent.name is not None:  # an agent program: it reaches the engines through the gateway
+                from agentrl_core.gateway.process import GatewayProcess
+
+                self.gateway_process = GatewayProcess(config_path, pools.urls, log_path=self.run_dir / "logs" / "gateway.log")
+                self.echo(f"gateway for agent program {c.agent.name!r} at {self.gateway_process.start()}")
             self.echo(f"set-up done in {time.monotonic() - t0:.1f} s (controller {url}, engines {pools.urls}, "
                       f"learner rank 0 at {pools.learner_address})")
             try:
@@ -135,6 +141,8 @@ class Trainer:
                 raise KeyboardInterrupt
             return summary
         finally:
+            if self.gateway_process is not None:
+                self.gateway_process.stop()
             if pools is not None:
                 pools.shutdown()
             if control is not None:
@@ -195,11 +203,16 @@ class Trainer:
             self.buffer = GroupBuffer(c.rollout.n_samples, max(batch_traj, math.ceil(c.rollout.buffer_max_factor * batch_traj)),
                                       max_infra_retries=c.rollout.max_infra_retries)
             settings = LoopSettings.from_rollout_config(c.rollout)
-            self.agent_loop = self.registry.build(
-                AgentLoopSpec, c.rollout.agent_loop, None, tokenizer=self.tokenizer, env_client=client,
-                pools=self.engine_pools, sampler=sampler, tool_parser=self.registry.build(ToolParserSpec, c.model.tool_parser),
-                settings=settings, seed=c.run.seed, global_step=lambda: self.step,
-            )
+            self.gateway = None
+            if self.gateway_process is not None:
+                self.agent_loop = self._agent_program_loop(client)
+            else:
+                self.agent_loop = self.registry.build(
+                    AgentLoopSpec, c.rollout.agent_loop, None, tokenizer=self.tokenizer, env_client=client,
+                    pools=self.engine_pools, sampler=sampler,
+                    tool_parser=self.registry.build(ToolParserSpec, c.model.tool_parser),
+                    settings=settings, seed=c.run.seed, global_step=lambda: self.step,
+                )
             self.sampler = sampler
             self.manager = RolloutManager(
                 agent_loop=self.agent_loop, buffer=self.buffer, stream=self.stream, concurrency=c.rollout.concurrency,
@@ -228,9 +241,25 @@ class Trainer:
             finally:
                 for pool in self.engine_pools.values():
                     await pool.aclose()
+                if self.gateway is not None:
+                    await self.gateway.aclose()
                 for logger in self.metrics_out:
                     logger.close()
         return summary
+
+    def _agent_program_loop(self, env_client: Any) -> Any:
+        """The gateway-backed agent loop that runs ``agent``'s program (docs/architecture.md section 5)."""
+        from agentrl_core.gateway.client import GatewayClient
+        from agentrl_core.gateway.loop import GatewayAgentLoop, load_program
+
+        c = self.config
+        assert self.gateway_process is not None and self.gateway_process.url is not None
+        self.gateway = GatewayClient(self.gateway_process.url)
+        program = load_program(c.agent.name, registry=self.registry, options=c.agent.options.get(c.agent.name))
+        return GatewayAgentLoop(program=program, gateway=self.gateway, env_client=env_client,
+                                incomplete_punishment=c.rollout.incomplete_punishment,
+                                timeout=c.gateway.max_duration, threads=c.agent.threads,
+                                options=c.agent.options.get(c.agent.name))
 
     async def _run_async(self) -> None:
         c = self.config
@@ -354,6 +383,7 @@ class Trainer:
     async def _sync(self, pool_names: list[str]) -> dict[str, float]:
         """Push the current weights to ``pool_names``; a dead engine is restarted and the sync retried."""
         what = f"the weight sync of step {self.step} to {', '.join(pool_names)}"
+        await self._gateway_call("pause")
         try:
             async with self.watchdog.suspended(), self.learner_lock:
                 return await self._bounded(self.pools.learner.sync(pool_names, self.step), what=what)
@@ -366,11 +396,24 @@ class Trainer:
             await self.watchdog.check(checks_needed=1, probe="alive")
             async with self.watchdog.suspended(), self.learner_lock:
                 return await self._bounded(self.pools.learner.sync(pool_names, self.step), what=what)
+        finally:
+            await self._gateway_call("resume", self.step)
+
+    async def _gateway_call(self, method: str, *args: Any) -> None:
+        """Tell the gateway (if any) about a weight update or new engines; it copes without being told."""
+        if getattr(self, "gateway", None) is None:
+            return
+        try:
+            with anyio.fail_after(30):
+                await getattr(self.gateway, method)(*args)
+        except Exception as exc:
+            log.warning("the gateway did not take %s: %s", method, exc)
 
     async def _restart_engine(self, name: str, url: str) -> str:
         """Relaunch a dead engine in its bundle, swap it into its pool, and give it the current weights."""
         new_url = await self.pools.relaunch(name, url)
         self.engine_pools[name].replace_engine(url, new_url)
+        await self._gateway_call("set_pools", {n: p.urls for n, p in self.engine_pools.items()})
         async with self.watchdog.suspended(), self.learner_lock:
             await self._bounded(self.pools.learner.connect({name: self.pools.urls[name]}, self.pools.learner_address,
                                                            self.pools.ranks_per_engine),

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentrl_core.errors import AgentrlError
+from agentrl_core.rollout.chat_templates import as_ids
 from agentrl_core.types import Message
 
 log = logging.getLogger(__name__)
@@ -33,27 +34,23 @@ class TemplateError(AgentrlError):
     """The chat template cannot be used for token-exact multi-turn rollouts."""
 
 
-def _as_ids(encoded: Any) -> list[int]:
-    """``apply_chat_template(tokenize=True)`` returns a list or a BatchEncoding by version."""
-    if isinstance(encoded, dict) or hasattr(encoded, "keys"):
-        encoded = encoded["input_ids"]
-    if hasattr(encoded, "tolist"):
-        encoded = encoded.tolist()
-    if encoded and isinstance(encoded[0], list):
-        encoded = encoded[0]
-    return [int(i) for i in encoded]
-
-
 def _tool_call(name: str, arguments: dict[str, Any], call_id: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
 
 
 class ChatEncoder:
-    """Encodes prompts and observation deltas for one tokenizer and tool list."""
+    """Encodes prompts and observation deltas for one tokenizer and tool list.
 
-    def __init__(self, tokenizer: Any, tools: Sequence[dict[str, Any]] | None) -> None:
+    ``template`` (a :class:`~agentrl_core.protocols.ChatTemplate`, with ``template_kwargs``)
+    renders the conversations; ``None`` is the tokenizer's own template.
+    """
+
+    def __init__(self, tokenizer: Any, tools: Sequence[dict[str, Any]] | None, *, template: Any = None,
+                 template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self.tools = list(tools) if tools else None
+        self.template = template
+        self.template_kwargs = dict(template_kwargs or {})
         name = self.tools[0]["function"]["name"] if self.tools else "tool"
         self._base: list[Message] = [
             {"role": "system", "content": "S"},
@@ -84,9 +81,13 @@ class ChatEncoder:
         return ids
 
     def encode(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> list[int]:
-        return _as_ids(
+        if self.template is not None:
+            return self.template.render(messages, self.tools, add_generation_prompt=add_generation_prompt,
+                                        **self.template_kwargs)
+        return as_ids(
             self.tokenizer.apply_chat_template(
-                list(messages), tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=True
+                list(messages), tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=True,
+                **self.template_kwargs,
             )
         )
 
@@ -126,31 +127,38 @@ class ChatEncoder:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
-def probe_template(tokenizer: Any, tools: Sequence[dict[str, Any]] | None) -> list[str]:
+def probe_template(tokenizer: Any, tools: Sequence[dict[str, Any]] | None, *, template: Any = None,
+                   template_kwargs: dict[str, Any] | None = None) -> list[str]:
     """Return how the template rewrites earlier turns as the conversation grows (empty if never).
 
-    It renders a conversation turn by turn (with the generation prompt, as the model sees it
-    while generating) and checks that each rendering is a prefix of the next one's.
+    It renders conversations turn by turn and checks that each prompt (with the generation
+    prompt, as the model sees it while generating), then that prompt with the reply the model
+    wrote, is a prefix of the next prompt: assistant turns with plain text, with a ``<think>``
+    block in the content and with ``reasoning_content``, each followed by tool results and by
+    a new user message.
     """
-    enc = ChatEncoder(tokenizer, tools)
+    enc = ChatEncoder(tokenizer, tools, template=template, template_kwargs=template_kwargs)
     name = enc.tools[0]["function"]["name"] if enc.tools else "tool"
     problems = []
-    cases = {
-        "plain assistant turns": "I will call the tool.",
-        "reasoning blocks": "<think>\nreasoning\n</think>\n\nI will call the tool.",
+    cases: dict[str, dict[str, Any]] = {
+        "plain assistant turns": {"content": "I will call the tool."},
+        "reasoning blocks": {"content": "<think>\nreasoning\n</think>\n\nI will call the tool."},
+        "reasoning_content": {"content": "I will call the tool.", "reasoning_content": "reasoning"},
     }
-    for label, content in cases.items():
-        turns: list[Message] = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-        seen = enc.encode(turns, add_generation_prompt=True)
-        for k in range(2):
-            turns = [
-                *turns,
-                {"role": "assistant", "content": content, "tool_calls": [_tool_call(name, {}, f"call_{k}")]},
-                {"role": "tool", "tool_call_id": f"call_{k}", "content": f"result {k}"},
-            ]
-            grown = enc.encode(turns, add_generation_prompt=True)
-            if grown[: len(seen)] != seen:
-                problems.append(f"the template rewrites earlier turns with {label}")
-                break
-            seen = grown
+    for label, fields in cases.items():
+        for follow in ("tool", "user"):
+            turns: list[Message] = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+            seen = enc.encode(turns, add_generation_prompt=True)
+            for k in range(2):
+                reply = {"role": "assistant", **fields, "tool_calls": [_tool_call(name, {}, f"call_{k}")]}
+                after = ({"role": "tool", "tool_call_id": f"call_{k}", "content": f"result {k}"} if follow == "tool"
+                         else {"role": "user", "content": f"next {k}"})
+                replied = enc.encode([*turns, reply], add_generation_prompt=False)
+                turns = [*turns, reply, after]
+                grown = enc.encode(turns, add_generation_prompt=True)
+                if replied[: len(seen)] != seen or grown[: len(replied)] != replied:
+                    where = "tool results follow" if follow == "tool" else "a new user message follows"
+                    problems.append(f"the template rewrites earlier turns with {label} once {where}")
+                    break
+                seen = grown
     return problems

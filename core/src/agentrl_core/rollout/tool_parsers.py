@@ -22,6 +22,9 @@ Formats:
 * ``hermes``: the same tags (Hermes-2-Pro / NousResearch), whose prompt shows the call as a
   Python dict (``{'arguments': ..., 'name': ...}``), so a block that is not JSON is read as
   a Python literal before it is called malformed.
+* ``qwen3``: Qwen3's calls, the same JSON blocks as ``qwen25``.
+* ``qwen3_coder``: Qwen3-Coder's XML calls (``<function=f>`` with a ``<parameter=a>`` block
+  per argument inside ``<tool_call>``), with values typed by the tool's schema.
 
 A block left open at the end of the text (the reply stopped before ``</tool_call>``) is
 parsed like a closed one.
@@ -36,7 +39,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Qwen25Parser", "HermesParser", "ToolCallBlockParser"]
+__all__ = ["Qwen25Parser", "HermesParser", "Qwen3Parser", "Qwen3CoderParser", "ToolCallBlockParser"]
 
 ToolCalls = list[dict[str, Any]]
 
@@ -54,11 +57,11 @@ class ToolCallBlockParser:
 
     def parse(self, text: str, tools: Sequence[dict[str, Any]] | None = None) -> tuple[ToolCalls, str, str | None]:
         try:
-            return self._parse(text if isinstance(text, str) else str(text))
+            return self._parse(text if isinstance(text, str) else str(text), tools or ())
         except Exception as exc:  # never raise: a parser bug must not kill a rollout
             return [], str(text), f"the tool-call parser failed on this reply ({type(exc).__name__}: {exc})"
 
-    def _parse(self, text: str) -> tuple[ToolCalls, str, str | None]:
+    def _parse(self, text: str, tools: Sequence[dict[str, Any]]) -> tuple[ToolCalls, str, str | None]:
         if self.open_tag not in text:
             stray = self.close_tag in text
             return [], text, (f"the reply has {self.close_tag} without {self.open_tag}" if stray else None)
@@ -71,7 +74,7 @@ class ToolCallBlockParser:
             outside.append(text[position : match.start()])
             position = match.end()
             payload = match.group(1).strip()
-            call, problem = self._read_call(payload)
+            call, problem = self._read_call(payload, tools)
             label = f"tool call {number}" if len(blocks) > 1 else "the tool call"
             if problem is not None:
                 problems.append(f"{label} {problem}")
@@ -85,7 +88,7 @@ class ToolCallBlockParser:
             error = error[:397] + "..."
         return calls, normal_text, error
 
-    def _read_call(self, payload: str) -> tuple[tuple[str, dict[str, Any]], None] | tuple[None, str]:
+    def _read_call(self, payload: str, tools: Sequence[dict[str, Any]]) -> tuple[tuple[str, dict[str, Any]], None] | tuple[None, str]:
         if not payload:
             return None, f"is empty: write a JSON object between {self.open_tag} and {self.close_tag}"
         try:
@@ -119,6 +122,68 @@ class Qwen25Parser(ToolCallBlockParser):
 class HermesParser(ToolCallBlockParser):
     name = "hermes"
     python_literals = True
+
+
+class Qwen3Parser(ToolCallBlockParser):
+    """Qwen3's format: the same ``<tool_call>`` JSON blocks as Qwen2.5's."""
+
+    name = "qwen3"
+
+
+class Qwen3CoderParser(ToolCallBlockParser):
+    """Qwen3-Coder's XML calls: ``<function=f>`` with one ``<parameter=p>`` block per argument.
+
+    A parameter's text (without the newline after its tag and before its closing tag) is
+    converted by the tool's JSON schema: integers, numbers, booleans, null, objects and
+    arrays are read as JSON; anything else, and every parameter of an unknown tool or
+    property, stays a string.
+    """
+
+    name = "qwen3_coder"
+    _function = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|\Z)", re.S)
+    _parameter = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.S)
+
+    def _read_call(self, payload: str, tools: Sequence[dict[str, Any]]) -> tuple[tuple[str, dict[str, Any]], None] | tuple[None, str]:
+        match = self._function.search(payload)
+        if match is None:
+            return None, f"has no <function=name> tag: {_clip(payload)}"
+        name = match.group(1).strip()
+        if not name:
+            return None, f"has an empty function name: {_clip(payload)}"
+        schema = _properties(tools, name)
+        arguments: dict[str, Any] = {}
+        for param in self._parameter.finditer(match.group(2)):
+            key = param.group(1).strip()
+            value = param.group(2)
+            value = value[1:] if value.startswith("\n") else value
+            value = value[:-1] if value.endswith("\n") else value
+            arguments[key] = _typed(value, schema.get(key))
+        return (name, arguments), None
+
+
+def _properties(tools: Sequence[dict[str, Any]], name: str) -> dict[str, Any]:
+    for tool in tools or ():
+        function = tool.get("function", tool) if isinstance(tool, dict) else {}
+        if isinstance(function, dict) and function.get("name") == name:
+            props = (function.get("parameters") or {}).get("properties") or {}
+            return props if isinstance(props, dict) else {}
+    return {}
+
+
+def _typed(value: str, schema: Any) -> Any:
+    kinds = schema.get("type") if isinstance(schema, dict) else None
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds or [])
+    if not kinds or kinds == ["string"]:
+        return value
+    try:
+        decoded = json.loads(value)
+    except (json.JSONDecodeError, RecursionError):
+        return value
+    checks = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+              "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+              "boolean": lambda v: isinstance(v, bool), "null": lambda v: v is None,
+              "object": lambda v: isinstance(v, dict), "array": lambda v: isinstance(v, list)}
+    return decoded if any(checks.get(k, lambda v: False)(decoded) for k in kinds) else value
 
 
 def _python_literal(payload: str) -> Any:

@@ -74,15 +74,21 @@ class TrainSample:
 
 
 def train_samples(trajectories: Sequence[Any], advantages: Any) -> list[TrainSample]:
-    """One :class:`TrainSample` per trajectory; ``advantages`` is the ``[B, L]`` tensor of
-    :func:`~agentrl_core.train.advantages.compute_advantages` (row ``i`` for trajectory ``i``)."""
+    """One :class:`TrainSample` per token sequence; ``advantages`` is the ``[B, L]`` tensor of
+    :func:`~agentrl_core.train.advantages.compute_advantages` (row ``i`` for trajectory ``i``).
+
+    A trajectory is one sequence unless its ``sequence_lengths`` cut it into several (a gateway
+    session whose calls forked); each becomes its own sample with its slice of the row.
+    """
     if len(trajectories) != advantages.shape[0]:
         raise ValueError(f"{len(trajectories)} trajectories but {advantages.shape[0]} advantage rows")
-    return [
-        TrainSample(list(t.input_ids), list(t.loss_mask), list(t.rollout_logprobs),
-                    advantages[i, : len(t.input_ids)].tolist(), t.group_id)
-        for i, t in enumerate(trajectories)
-    ]
+    samples = []
+    for i, t in enumerate(trajectories):
+        row = advantages[i, : len(t.input_ids)].tolist()
+        for start, end in t.sequences():
+            samples.append(TrainSample(list(t.input_ids[start:end]), list(t.loss_mask[start:end]),
+                                       list(t.rollout_logprobs[start:end]), row[start:end], t.group_id))
+    return samples
 
 
 def micro_batch_cost(lengths: Sequence[int], layout: Layout) -> int:

@@ -60,6 +60,11 @@ def batch_metrics(trajectories: Sequence[Trajectory], learner_version: int) -> d
     for pool, values in lags_by_pool.items():
         out[f"version_lag/{pool}/mean"] = statistics.fmean(values)
         out[f"version_lag/{pool}/max"] = max(values)
+    gateway: Counter[str] = Counter()  # agent programs: calls appended, realigned, forked, replayed (summed)
+    for t in trajectories:
+        gateway.update({k: float(v) for k, v in t.metrics.items() if k.startswith("gateway/")
+                        and isinstance(v, int | float) and not isinstance(v, bool)})
+    out.update(gateway)
     return out
 
 
