@@ -37,7 +37,7 @@ from typing import Any
 
 from attrs import define, field, frozen
 
-from agentrl_core.rollout.chat_encoding import ChatEncoder, probe_template
+from agentrl_core.rollout.chat_encoding import ChatEncoder, TemplateError, probe_template
 from agentrl_core.types import Message
 
 __all__ = ["Renderer", "Conversation", "TokenSample", "Plan", "Sampled", "plan_chat", "plan_text", "commit",
@@ -201,8 +201,11 @@ def plan_chat(conv: Conversation, renderer: Renderer, messages: Sequence[Message
     if previous is not None and append_only and messages_extend(messages, previous):
         new = list(messages[len(previous):])
         effective = [*previous, *new]
-        canonical = encoder.encode_assistant(previous[-1])
-        kind = APPEND if canonical == conv.reply_ids else (
+        try:
+            canonical = encoder.encode_assistant(previous[-1])
+        except TemplateError:  # the reply's first token merges with the generation prompt's: compare in full
+            canonical = None
+        kind = "" if canonical is None else APPEND if canonical == conv.reply_ids else (
             REALIGN if renderer.decode(canonical) == renderer.decode(conv.reply_ids) else "")
         if kind:
             reuse = len(conv.current.ids)
