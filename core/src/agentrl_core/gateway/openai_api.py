@@ -74,7 +74,7 @@ async def _chat(gateway: GatewayServer, session: GatewaySession, request: Reques
         reply_message["reasoning_content"] = reasoning
     kind = commit(conv, plan, Sampled(ids, list(result.logprobs), token_versions(result), ended), reply=reply_message,
                   reasoning=reasoning, close_turn_id=encoder.eot_id)
-    _record(gateway, session, plan, kind, generated, len(ids))
+    _record(gateway, session, plan, kind, generated, len(ids), t0)
     reply = Reply(
         id=f"chatcmpl-{uuid.uuid4().hex}", model=req.model or gateway.served_model_name, created=now(), text=content,
         reasoning=reasoning, tool_calls=calls, finish_reason=finish,
@@ -101,7 +101,7 @@ async def _completion(gateway: GatewayServer, session: GatewaySession, request: 
     text = _text(gateway, ids, result.matched_stop)
     kind = commit(session.conversation, plan, Sampled(ids, list(result.logprobs), token_versions(result), True),
                   reply=None, reasoning=None, close_turn_id=None)
-    _record(gateway, session, plan, kind, generated, len(ids))
+    _record(gateway, session, plan, kind, generated, len(ids), t0)
     reply = Reply(
         id=f"cmpl-{uuid.uuid4().hex}", model=req.model or gateway.served_model_name, created=now(), text=text,
         reasoning=None, tool_calls=[], finish_reason="length" if result.finish_reason == "length" else "stop",
@@ -157,14 +157,16 @@ async def _generate(gateway: GatewayServer, session: GatewaySession, plan: Plan,
         session.last_active = time.monotonic()
 
 
-def _record(gateway: GatewayServer, session: GatewaySession, plan: Plan, kind: str, generated: Any, n: int) -> None:
+def _record(gateway: GatewayServer, session: GatewaySession, plan: Plan, kind: str, generated: Any, n: int,
+            started: float) -> None:
     result = generated.result
+    overhead_ms = max(0.0, (time.monotonic() - started - generated.seconds) * 1000)
     session.calls += 1
     session.last_active = time.monotonic()
     session.turns.append({"kind": kind, "pool": generated.pool, "engine": result.engine,
                           "version": _int_version(result.weight_version), "num_tokens": n,
                           "prompt_tokens": len(plan.prompt_ids), "finish_reason": result.finish_reason,
-                          "aborted_retries": generated.retries})
+                          "aborted_retries": generated.retries, "gateway_ms": round(overhead_ms, 3)})
     gateway.counters["calls"] += 1
     gateway.counters[f"calls/{kind}"] += 1
 

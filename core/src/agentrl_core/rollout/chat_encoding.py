@@ -66,6 +66,7 @@ class ChatEncoder:
                 f"(looked for ids {sorted(end_of_turn)}); set the tokenizer's eos_token to the turn terminator"
             )
         self._base_prefix = base_ids[:cut]
+        self._assistant_prefix: list[int] | None = None
         self.eot_id = base_ids[cut - 1]
         self.stop_token_ids = sorted(end_of_turn)
 
@@ -113,7 +114,9 @@ class ChatEncoder:
         template's canonical form; used to turn demonstrations into training sequences that
         look exactly like rollouts.
         """
-        prefix = self.encode(self._base[:2], add_generation_prompt=True)
+        if self._assistant_prefix is None:
+            self._assistant_prefix = self.encode(self._base[:2], add_generation_prompt=True)
+        prefix = self._assistant_prefix
         full = self.encode([*self._base[:2], message], add_generation_prompt=False)
         if full[: len(prefix)] != prefix:
             raise TemplateError("the chat template renders the generation prompt differently from an assistant turn")
