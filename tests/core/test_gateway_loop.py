@@ -138,6 +138,19 @@ async def test_the_outcome_posted_then_returned_then_the_environments(gateway):
     assert (trajectory.status, trajectory.reward) == (Status.COMPLETED, 1.0) and env.closed == 1
 
 
+async def test_running_out_of_context_is_an_agent_failure(gateway):
+    async def rambles(task, base_url):
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=task.api_key, max_retries=0) as client:
+            await client.chat.completions.create(model=task.model, messages=task.messages, max_tokens=2)
+            long = [*task.messages, {"role": "user", "content": "go on " * 2000}]
+            await client.chat.completions.create(model=task.model, messages=long)  # 400: the SDK raises
+
+    trajectory, env = await play(gateway, rambles)
+    assert trajectory.status is Status.AGENT_CONTEXT_LIMIT and trajectory.training_reward == -0.2
+    assert "BadRequestError" in trajectory.metrics["agent_error"] and trajectory.num_action_tokens > 0
+    assert env.closed == 1
+
+
 async def test_episodes_without_a_scorable_outcome_are_infrastructure_failures(gateway):
     async def crashes(task, base_url):
         async with openai.AsyncOpenAI(base_url=base_url, api_key=task.api_key, max_retries=0) as client:

@@ -99,6 +99,7 @@ class EnvironmentHandle:
         self.reward = float(getattr(started, "reward", 0.0) or 0.0)
         self.metrics: dict[str, Any] = {}
         self.steps = 0
+        self.failure = ""
         self._lock = anyio.Lock()
 
     async def step(self, message: Any) -> Observation:
@@ -114,7 +115,8 @@ class EnvironmentHandle:
             try:
                 reply = await self._client.interact(self.session_id, [_as_message(message)])
             except Exception as exc:
-                raise EnvironmentFailure(f"interact: {exc}") from exc
+                self.failure = f"interact: {exc}"  # kept even if the program swallows the exception
+                raise EnvironmentFailure(self.failure) from exc
             self.steps += 1
             self.metrics = dict(reply.metrics or {})
             if reply.finish:
@@ -318,10 +320,10 @@ class GatewayAgentLoop:
                                    "agent_seconds": seconds, "env_steps": env.steps,
                                    "gateway/samples": len(samples),
                                    **{f"gateway/{k}": v for k, v in (record.get("counts") or {}).items()}}
-        if error and source in ("", "context_limit"):
+        if error and not source:
             status, reward = Status.CANCELLED, 0.0
             metrics["infra_error"] = error
-        elif error:
+        elif error:  # the episode has an outcome all the same (e.g. the SDK raised on the context limit)
             metrics["agent_error"] = error
         if failure_kind(status) is not FailureKind.INFRA and not any(sum(s["loss_mask"]) for s in samples):
             self.empty_sessions += 1
@@ -331,7 +333,7 @@ class GatewayAgentLoop:
             status, reward = Status.CANCELLED, 0.0
             metrics["infra_error"] = "the agent program made no model call through the gateway's base URL"
         elif failure_kind(status) is FailureKind.INFRA and "infra_error" not in metrics:
-            metrics["infra_error"] = ("the episode ended without a reward: the agent program neither posted nor "
+            metrics["infra_error"] = f"environment: {env.failure}" if env.failure else ("the episode ended without a reward: the agent program neither posted nor "
                                       "returned one, and the environment did not finish it")
         ids: list[int] = []
         mask: list[int] = []

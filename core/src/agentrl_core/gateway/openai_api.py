@@ -144,7 +144,7 @@ async def _generate(gateway: GatewayServer, session: GatewaySession, plan: Plan,
         params["stop_token_ids"] = list(stop_token_ids)
     pool = gateway.router.choose_pool(group_id=session.group_id or session.id, sample=session.sample,
                                       turn=session.calls, task=session.task)
-    session.in_flight += 1
+    session.call_started()
     try:
         return await gateway.router.generate(session.id, plan.prompt_ids, params, pool_name=pool,
                                              wait_limit=gateway.config.max_duration)
@@ -152,9 +152,8 @@ async def _generate(gateway: GatewayServer, session: GatewaySession, plan: Plan,
         if exc.status == 429:
             session.counters["rejected"] += 1
         raise
-    finally:
-        session.in_flight -= 1
-        session.last_active = time.monotonic()
+    finally:  # nothing awaits between here and the commit, so a settled session has every token filed
+        session.call_ended()
 
 
 def _record(gateway: GatewayServer, session: GatewaySession, plan: Plan, kind: str, generated: Any, n: int,

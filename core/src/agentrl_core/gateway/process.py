@@ -85,12 +85,6 @@ class BackgroundGateway:
         finally:
             self._ready.set()
 
-    def call(self, fn: Any, timeout: float = 30.0) -> Any:
-        """Run ``fn()`` on the gateway's event loop (its state is not thread-safe) and return the result."""
-        assert self._loop is not None
-        future: Any = asyncio.run_coroutine_threadsafe(_call(fn), self._loop)
-        return future.result(timeout)
-
     def stop(self, timeout: float = 30.0) -> None:
         if self._loop is not None and self._stop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._stop.set)
@@ -101,10 +95,6 @@ class BackgroundGateway:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
-
-
-async def _call(fn: Any) -> Any:
-    return fn()
 
 
 def parse_pools(engines: Sequence[str], pool_args: Sequence[str]) -> dict[str, list[str]]:

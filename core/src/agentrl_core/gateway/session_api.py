@@ -95,6 +95,9 @@ async def close_session(gateway: GatewayServer, request: Request) -> Any:
     """End the session (idempotent) and answer its record with every captured sample; then forget it."""
     session = _find(gateway, request)
     body = request.json_object(required=False)
+    if not await session.settled(timeout=60.0):  # a call still generating files its tokens first
+        raise HTTPError(409, f"session {session.id} still has {session.in_flight} call(s) running after 60 s; "
+                             "close it again later")
     gateway.sessions.end(session, str(body.get("reason") or "closed by its owner"))
     if body.get("keep"):
         return session.export()

@@ -66,6 +66,32 @@ class GatewaySession:
     context_limit: bool = False
     replays: OrderedDict[str, asyncio.Future] = field(factory=OrderedDict)
     ended_at: float = 0.0
+    _settled: asyncio.Event | None = None  # set while no call is in flight
+
+    # -- calls in flight -------------------------------------------------------------------
+
+    def call_started(self) -> None:
+        self.in_flight += 1
+        if self._settled is not None:
+            self._settled.clear()
+
+    def call_ended(self) -> None:
+        self.in_flight -= 1
+        self.last_active = time.monotonic()
+        if self.in_flight == 0 and self._settled is not None:
+            self._settled.set()
+
+    async def settled(self, timeout: float) -> bool:
+        """Wait until no call is in flight (its tokens are committed); False after ``timeout`` seconds."""
+        if self.in_flight == 0:
+            return True
+        if self._settled is None:
+            self._settled = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._settled.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     # -- outcome -----------------------------------------------------------------------
 
