@@ -36,14 +36,12 @@ from typing import Any
 from agentrl_core.gateway.capture import Renderer
 from agentrl_core.gateway.engines import EngineRouter
 from agentrl_core.gateway.protocol import OpenAIError, unauthorized
-from agentrl_core.gateway.sessions import GatewaySession, SessionGone, SessionStore, fingerprint
+from agentrl_core.gateway.sessions import SESSION_SCOPE_KEY, GatewaySession, SessionGone, SessionStore, fingerprint
 from agentrl_core.http.server import App, HTTPError, Request, Response, bind_socket, serve_app
 
 log = logging.getLogger(__name__)
 
 __all__ = ["GatewayServer", "SESSION_SCOPE_KEY"]
-
-SESSION_SCOPE_KEY = "agentrl.gateway.session"
 
 
 class GatewayServer:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from agentrl_core.gateway.sessions import GatewaySession, SessionGone
+from agentrl_core.gateway.sessions import SESSION_SCOPE_KEY, GatewaySession, SessionGone
 from agentrl_core.http.server import HTTPError, Request
 from agentrl_core.types import Status
 
@@ -18,8 +18,6 @@ if TYPE_CHECKING:
 
 
 def _session_id(request: Request) -> str:
-    from agentrl_core.gateway.server import SESSION_SCOPE_KEY
-
     return request.scope[SESSION_SCOPE_KEY]
 
 

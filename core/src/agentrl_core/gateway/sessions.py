@@ -33,7 +33,9 @@ from agentrl_core.types import FailureKind, Status, failure_kind
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GatewaySession", "SessionStore", "SessionGone"]
+__all__ = ["GatewaySession", "SessionStore", "SessionGone", "SESSION_SCOPE_KEY"]
+
+SESSION_SCOPE_KEY = "agentrl.gateway.session"  # the ASGI scope key of a session id taken from the path
 
 
 class SessionGone(Exception):
