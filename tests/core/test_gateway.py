@@ -452,3 +452,25 @@ async def test_a_template_that_drops_earlier_think_blocks_forks_and_samples_stay
     assert "I add 2 and 3." not in tokenizer.decode(rendered)
     worst, n = recomputed_logprobs(thinking_model_dir, [record], temperature=0.5)
     assert n == 2 and worst < 1e-4
+
+
+def test_the_command_line_serves_and_exports_sessions(tiny_model_dir, engine, tmp_path):
+    """``agentrl gateway --model DIR --engine URL --export FILE`` as its own process."""
+    from agentrl_core.processes import ServiceProcess, agentrl_command
+
+    export = tmp_path / "sessions.jsonl"
+    service = ServiceProcess("gateway", agentrl_command("gateway", "--model", str(tiny_model_dir), "--engine", engine.url,
+                                                       "--export", str(export), "--set", "rollout.max_new_tokens=4"),
+                             log_path=tmp_path / "gateway.log")
+    url = service.start(timeout=120)
+    try:
+        session = httpx.post(url + "/sessions", json={"task": "cli"}).json()
+        client = openai.OpenAI(base_url=url + "/v1", api_key=session["key"], max_retries=0)
+        reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}])
+        assert reply.usage.completion_tokens <= 4
+        httpx.post(f"{url}/sessions/{session['id']}/close")
+    finally:
+        service.stop()
+    [line] = export.read_text().splitlines()
+    record = json.loads(line)
+    assert record["id"] == session["id"] and record["calls"] == 1 and len(record["sample_records"]) == 1

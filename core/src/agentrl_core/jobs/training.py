@@ -75,6 +75,9 @@ class Trainer:
                               "(agentrl model init --out DIR makes a tiny one)")
         if not c.tasks:
             raise ConfigError("no training tasks: set tasks, e.g. [{env: calc, split: train}]")
+        if c.agent.name is not None and c.rollout.agent_loop != "chat":
+            raise ConfigError(f"agent ({c.agent.name!r}) and rollout.agent_loop ({c.rollout.agent_loop!r}) both choose "
+                              "how episodes are played; an agent program runs through the gateway: unset one of them")
         sampler = self.build_sampler()
         bound = c.rollout.staleness_bound
         minimum = getattr(sampler, "min_staleness_bound", lambda: None)()
