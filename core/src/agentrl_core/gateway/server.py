@@ -136,29 +136,27 @@ class GatewayServer:
         """Run a call, or answer a replayed one (an SDK retry of an identical request) with its first answer."""
         retry = request.header(b"x-stainless-retry-count")
         idempotency = request.header(b"idempotency-key")
-        print_ = fingerprint(request.path, request.body, idempotency)
+        call_key = fingerprint(request.path, request.body, idempotency)
         replayed = idempotency is not None or (retry is not None and retry.strip() not in ("", "0"))
-        while replayed and print_ in session.replays:
-            first = await asyncio.shield(session.replays[print_])
-            if first is None:  # the first attempt failed: nothing was recorded, so this one runs
-                break
-            session.counters["replay"] += 1
-            self.counters["replays"] += 1
-            return first
+        if replayed and call_key in session.replays:
+            first = await asyncio.shield(session.replays[call_key])
+            if first is not None:  # None: the first attempt failed and recorded nothing, so this one runs
+                session.counters["replay"] += 1
+                self.counters["replays"] += 1
+                return first
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        session.replays[print_] = future
-        session.replays.move_to_end(print_)
+        session.replays[call_key] = future
+        session.replays.move_to_end(call_key)
         while len(session.replays) > self.sessions.replay_window:
-            oldest, done = next(iter(session.replays.items()))
-            if not done.done():
+            if not next(iter(session.replays.values())).done():
                 break
             session.replays.popitem(last=False)
         try:
             response = await make()
         except BaseException:
             future.set_result(None)
-            if session.replays.get(print_) is future:
-                del session.replays[print_]
+            if session.replays.get(call_key) is future:
+                del session.replays[call_key]
             raise
         future.set_result(response)
         return response
