@@ -15,12 +15,11 @@ has announced an update (``POST /admin/pause``) are answered 429 at once. Never 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-import anyio
 
 from agentrl_core.gateway.protocol import OpenAIError
 from agentrl_core.rollout.engine_client import EngineError, EnginePool, EngineUnavailable, GenerateResult
@@ -57,7 +56,7 @@ class EngineRouter:
         self.pools: dict[str, EnginePool] = {}
         self.set_pools(pools)
         self.paused = False
-        self._resumed = anyio.Event()
+        self._resumed = asyncio.Event()  # the gateway serves on asyncio (uvicorn)
         self._resumed.set()
         self.global_step = 0
         self.aborted_calls = 0
@@ -87,7 +86,7 @@ class EngineRouter:
     def pause(self) -> None:
         if not self.paused:
             self.paused = True
-            self._resumed = anyio.Event()
+            self._resumed.clear()
 
     def resume(self, global_step: int | None = None) -> None:
         if global_step is not None:
@@ -122,8 +121,11 @@ class EngineRouter:
             if self.paused:
                 if self.on_weight_update == "reject":
                     raise self._reject()
-                with anyio.move_on_after(wait_limit):
-                    await self._resumed.wait()
+                try:
+                    await asyncio.wait_for(self._resumed.wait(), wait_limit)
+                except asyncio.TimeoutError:
+                    log.warning("the weight update announced %.0f s ago has not ended; generating anyway",
+                                wait_limit)
             try:
                 result = await pool.generate(key, input_ids, params)
             except EngineUnavailable as exc:

@@ -224,6 +224,12 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         shown = choice if isinstance(choice, str) else json.dumps(choice)[:80]
         raise bad_request(f"tool_choice {shown!r} is not supported (the model is not constrained): use 'auto' or "
                           "'none'", "tool_choice")
+    response_format = body.get("response_format") or {}
+    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
+        raise bad_request(f"response_format {response_format.get('type')!r} is not supported: the gateway does not "
+                          "constrain decoding; ask for the format in the prompt and parse the reply", "response_format")
+    if body.get("logit_bias"):
+        raise bad_request("logit_bias is not supported (it would change the policy being trained)", "logit_bias")
     stream, include_usage = _stream_options(body)
     template_kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(template_kwargs, dict):
