@@ -124,6 +124,21 @@ def test_a_qwen3_template_that_drops_earlier_reasoning_forks(tokenizer):
     assert "Add 2 and 3" in tokenizer.decode(conv.samples[0].ids)  # the first sample keeps what was sampled
 
 
+def test_keep_history_appends_what_the_model_wrote_instead_of_forking(tokenizer):
+    renderer = Renderer(tokenizer, Qwen3ChatTemplate(tokenizer=tokenizer))
+    conv = Conversation()
+    text = "<think>\nAdd 2 and 3.\n</think>\n\nFive."
+    ids1 = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    msg1 = {"role": "assistant", "content": "Five.", "reasoning_content": "Add 2 and 3."}
+    call(conv, renderer, FIRST, ids1, msg1, tools=None, reasoning="Add 2 and 3.")
+    messages = [*FIRST, {"role": "assistant", "content": "Five."}, {"role": "user", "content": "And 4 + 4?"}]
+    plan = plan_chat(conv, renderer, messages, None, {}, keep_history=True)
+    assert plan.kind == REALIGN and plan.prompt_ids[: plan.reuse] == conv.current.ids
+    assert "Add 2 and 3." in tokenizer.decode(plan.prompt_ids)  # the model keeps seeing what it wrote
+    edited = [*FIRST, {"role": "assistant", "content": "Six."}, {"role": "user", "content": "And 4 + 4?"}]
+    assert plan_chat(conv, renderer, edited, None, {}, keep_history=True).kind == FORK
+
+
 def test_reasoning_is_kept_through_a_tool_loop_with_qwen3(tokenizer):
     renderer = Renderer(tokenizer, Qwen3ChatTemplate(tokenizer=tokenizer))
     conv = Conversation()

@@ -303,6 +303,10 @@ class GatewayConfig:
     # client: as each request asks (for serving or data collection, not for training)
     sampling: Literal["rollout", "client"] = "rollout"
     on_weight_update: Literal["hold", "reject"] = "hold"  # hold the call, or answer 429 with Retry-After
+    # fork: a reply the template would show the model as other text (a reformatted tool call, a dropped
+    # <think> block) starts a new sample from the template's rendering; keep_history: keep what the model
+    # wrote and append (the chat loop's on_template_rewrite)
+    on_template_rewrite: Literal["fork", "keep_history"] = "fork"
     retry_after_s: float = field(default=2.0, validator=in_range(0.0, lo_open=True))
     idle_timeout: float = field(default=300.0, validator=in_range(0.0, lo_open=True))  # no call: the session expires
     max_duration: float = field(default=3600.0, validator=in_range(0.0, lo_open=True))  # a session's whole life

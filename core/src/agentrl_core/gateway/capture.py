@@ -187,7 +187,15 @@ def _full(kind: str, ids: list[int], conv: Conversation, key: str, reason: str =
 
 
 def plan_chat(conv: Conversation, renderer: Renderer, messages: Sequence[Message],
-              tools: Sequence[dict[str, Any]] | None, template_kwargs: dict[str, Any]) -> Plan:
+              tools: Sequence[dict[str, Any]] | None, template_kwargs: dict[str, Any], *,
+              keep_history: bool = False) -> Plan:
+    """Plan one chat call (see the module docstring).
+
+    ``keep_history`` (``gateway.on_template_rewrite: keep_history``): when the messages extend
+    the previous call's but the template would show the model other text than it wrote (a
+    reformatted tool call, a dropped ``<think>`` block), keep what it wrote and append, as the
+    ``chat`` loop does, counted as ``realign``; only changed history then forks.
+    """
     key = context_key(tools, template_kwargs)
     encoder, append_only = renderer.encoder(key, tools, template_kwargs)
     if conv.current is None:
@@ -212,6 +220,11 @@ def plan_chat(conv: Conversation, renderer: Renderer, messages: Sequence[Message
             return Plan(kind, [*conv.current.ids, *encoder.encode_observation(new)], conv.generation, key, reuse, "",
                         effective)
         # the template renders the reply as other text: compare the whole rendering below
+    if keep_history and previous is not None and messages_extend(messages, previous):
+        new = list(messages[len(previous):])
+        reuse = len(conv.current.ids)
+        return Plan(REALIGN, [*conv.current.ids, *encoder.encode_observation(new)], conv.generation, key, reuse, "",
+                    [*previous, *new])
     effective = with_reasoning(messages, conv.replies)
     rendered = encoder.encode(effective, add_generation_prompt=True)
     return _aligned(conv, renderer, rendered, key, effective,

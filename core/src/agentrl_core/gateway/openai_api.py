@@ -51,7 +51,8 @@ async def _chat(gateway: GatewayServer, session: GatewaySession, request: Reques
     t0 = time.monotonic()
     req = parse_chat_request(request.json_object())
     conv = session.conversation
-    plan = plan_chat(conv, gateway.renderer, req.messages, req.tools, req.template_kwargs)
+    plan = plan_chat(conv, gateway.renderer, req.messages, req.tools, req.template_kwargs,
+                     keep_history=gateway.config.on_template_rewrite == "keep_history")
     encoder, _ = gateway.renderer.encoder(plan.key, req.tools, req.template_kwargs)
     generated = await _generate(gateway, session, plan, req.sampling, stop_token_ids=encoder.stop_token_ids)
     result = generated.result
