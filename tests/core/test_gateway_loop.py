@@ -188,3 +188,14 @@ def test_programs_load_from_files_modules_and_say_what_is_wrong(tmp_path):
         load_program(f"{agent}:missing", registry=registry)
     with pytest.raises(Exception, match="unknown agent program 'nope'"):
         load_program("nope", registry=registry)
+
+
+def test_config_names_the_key_of_a_wrong_gateway_or_agent_setting():
+    with pytest.raises(ConfigError, match="gateway.chat_template: unknown chat template 'qwen4'"):
+        config_from_dict({"gateway": {"chat_template": "qwen4"}})
+    with pytest.raises(ConfigError, match="gateway.reasoning_parser: unknown reasoning parser 'thinks'; did you mean"):
+        config_from_dict({"gateway": {"reasoning_parser": "thinks"}})
+    with pytest.raises(ConfigError, match="options are for a registered agent program"):
+        config_from_dict({"agent": {"name": "my_agent.py:run", "my_agent": {"turns": 3}}})
+    config = config_from_dict({"agent": "my_agent.py:run", "gateway": {"on_weight_update": "reject"}})
+    assert config.agent.is_reference and config.gateway.on_weight_update == "reject"
