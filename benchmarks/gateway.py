@@ -10,7 +10,9 @@ engine's own ``/v1/chat/completions`` and once through a gateway session, altern
 two arms R times so load drift on the shared machine hits both. Measured:
 
 1. client-side latency per call (p50, p99) and calls/s of each arm; the difference is the
-   latency the gateway adds (an extra HTTP hop, capture, its own tokenization);
+   latency the gateway adds (an extra HTTP hop, capture, its own tokenization); and the CPU
+   time the engine and the gateway processes spend per call in each arm (``/proc``), which
+   the load of a shared machine does not change;
 2. the gateway's own time per call (its handler time minus the engine's), p50/p99 and by
    turn number: flat if capture only tokenizes the new messages;
 3. how planning a call scales with the conversation's length: the gateway's append path
@@ -40,6 +42,12 @@ TOOLS = [{"type": "function", "function": {"name": "add", "description": "add tw
 
 def load() -> float:
     return round(os.getloadavg()[0], 2)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc): what a call costs whatever the load."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -180,12 +188,18 @@ def main() -> int:
             arms = []
             for r in range(rounds):
                 for arm in ("engine", "gateway") if r % 2 == 0 else ("gateway", "engine"):
+                    cpu0 = {name: cpu_seconds(p.proc.pid) for name, p in (("engine", engine), ("gateway", gateway))}
                     result = asyncio.run(run_arm(arm, engine_url=engine_url, gateway_url=gateway_url, sessions=sessions,
                                                  turns=turns, max_tokens=args.max_tokens))
+                    for name, p in (("engine", engine), ("gateway", gateway)):
+                        used = cpu_seconds(p.proc.pid) - cpu0[name]
+                        result[f"{name}_cpu_ms_per_call"] = round(1000 * used / result["calls"], 2)
                     result["round"] = r
                     arms.append(result)
                     print(f"round {r} {arm:8s}: {result['calls_per_s']:7.1f} calls/s, p50 {result['latency_ms_p50']:.1f} "
-                          f"ms, p99 {result['latency_ms_p99']:.1f} ms (load {result['load_before']})", flush=True)
+                          f"ms, p99 {result['latency_ms_p99']:.1f} ms, CPU per call: engine "
+                          f"{result['engine_cpu_ms_per_call']} ms, gateway {result['gateway_cpu_ms_per_call']} ms "
+                          f"(load {result['load_before']})", flush=True)
         finally:
             gateway.stop()
             engine.stop()
@@ -194,7 +208,8 @@ def main() -> int:
         for arm in ("engine", "gateway"):
             mine = [a for a in arms if a["arm"] == arm]
             summary[arm] = {k: round(statistics.median(a[k] for a in mine), 2)
-                            for k in ("calls_per_s", "latency_ms_p50", "latency_ms_p99")}
+                            for k in ("calls_per_s", "latency_ms_p50", "latency_ms_p99", "engine_cpu_ms_per_call",
+                                      "gateway_cpu_ms_per_call")}
         g = [a for a in arms if a["arm"] == "gateway"]
         summary["added_latency_ms_p50"] = round(summary["gateway"]["latency_ms_p50"] - summary["engine"]["latency_ms_p50"], 2)
         summary["added_latency_ms_p99"] = round(summary["gateway"]["latency_ms_p99"] - summary["engine"]["latency_ms_p99"], 2)

@@ -474,3 +474,16 @@ def test_the_command_line_serves_and_exports_sessions(tiny_model_dir, engine, tm
     [line] = export.read_text().splitlines()
     record = json.loads(line)
     assert record["id"] == session["id"] and record["calls"] == 1 and len(record["sample_records"]) == 1
+
+
+async def test_an_unreachable_engine_is_a_503_the_sdk_can_retry(tiny_model_dir):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    with running_gateway(tiny_model_dir, [dead]) as gateway:
+        session = open_session(gateway)
+        async with openai.AsyncOpenAI(base_url=session["base_url"], api_key="unused", max_retries=0) as client:
+            with pytest.raises(openai.InternalServerError) as info:
+                await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert info.value.status_code == 503 and "cannot connect" in info.value.message
+        assert close_session(gateway, session["id"])["calls"] == 0

@@ -18,17 +18,104 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl_core.gateway.protocol import OpenAIError
-from agentrl_core.rollout.engine_client import EngineError, EnginePool, EngineUnavailable, GenerateResult
+from agentrl_core.http.client import ConnectFailed, Pool, RequestTimeout, TransportError
+from agentrl_core.rollout.engine_client import (
+    DEFAULT_TIMEOUT,
+    EngineClient,
+    EngineError,
+    EnginePool,
+    EngineTimeout,
+    EngineUnavailable,
+    GenerateResult,
+)
 from agentrl_core.rollout.sampler import CurrentSampler, turn_rng
 from agentrl_core.types import TurnContext
 
 log = logging.getLogger(__name__)
 
 __all__ = ["EngineRouter", "Generated"]
+
+
+class LeanEngineClient(EngineClient):
+    """An engine client whose ``/generate`` goes over the HTTP kit's keep-alive pool.
+
+    httpx's connection pool scans every connection for every request: with 64 calls in flight
+    that cost about 12 ms of CPU per call in the gateway (profiled), more than everything else
+    the gateway does. Every other engine call stays on httpx. The semantics are the
+    :class:`EngineClient`'s: connection failures are retried (the request never left), nothing
+    else is, and a caller that gives up aborts its request on the engine.
+    """
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        self._pool, self._path = Pool.for_url(self.url)
+
+    async def aclose(self) -> None:
+        self._pool.close()
+        await super().aclose()
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None, *,
+                       return_logprob: bool = True, rid: str | None = None, pool: str = "") -> GenerateResult:
+        params = dict(sampling_params or {})
+        if "seed" in params:
+            params["sampling_seed"] = params.pop("seed")
+        rid = rid or uuid.uuid4().hex
+        payload = {"input_ids": [int(t) for t in input_ids], "sampling_params": params,
+                   "return_logprob": return_logprob, "rid": rid}
+        deadline = self.timeout if self.timeout is not None else DEFAULT_TIMEOUT
+        start = time.monotonic()
+        try:
+            response = await asyncio.wait_for(self._send(payload, deadline), deadline)
+        except (asyncio.CancelledError, asyncio.TimeoutError, RequestTimeout) as exc:
+            await asyncio.shield(self._abort(rid))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise EngineTimeout(f"POST {self.url}/generate did not finish within {deadline:g} s", url=self.url) from None
+        if response.status != 200:
+            raise EngineError(f"POST {self.url}/generate answered {response.status}: {response.detail()}",
+                              url=self.url, status=response.status)
+        try:
+            data = response.json()
+        except ValueError:
+            raise EngineError(f"POST {self.url}/generate answered non-JSON", url=self.url) from None
+        result = GenerateResult.from_response(data, engine=self.url, pool=pool, latency=time.monotonic() - start)
+        if return_logprob and len(result.logprobs) != len(result.output_ids):
+            raise EngineError(f"{self.url}: {len(result.output_ids)} tokens came back with "
+                              f"{len(result.logprobs)} log-probs", url=self.url)
+        return result
+
+    async def _send(self, payload: dict[str, Any], deadline: float) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return await self._pool.request_json("POST", self._path + "/generate", payload, timeout=deadline)
+            except ConnectFailed as exc:
+                attempt += 1
+                if attempt > self.connect_retries:
+                    raise EngineUnavailable(f"cannot connect to the engine at {self.url} ({exc}); is it running?",
+                                            url=self.url) from None
+                await asyncio.sleep(self.retry_backoff * 2 ** (attempt - 1))
+            except RequestTimeout:
+                raise
+            except TransportError as exc:
+                raise EngineError(f"POST {self.url}/generate failed after the request was sent ({exc})",
+                                  url=self.url) from None
+
+    async def _abort(self, rid: str) -> None:
+        try:
+            await asyncio.wait_for(self._pool.request_json("POST", self._path + "/abort_request", {"rid": rid},
+                                                           timeout=5), 5)
+        except (TransportError, asyncio.TimeoutError) as exc:
+            log.debug("aborting %s on %s failed: %s", rid, self.url, exc)
+
+
+class LeanEnginePool(EnginePool):
+    client_class = LeanEngineClient
 
 
 class Generated:
@@ -74,11 +161,13 @@ class EngineRouter:
             if pool is not None and pool.urls == [u.rstrip("/") for u in urls]:
                 self.pools[name] = pool
             else:
-                self.pools[name] = EnginePool(name, list(urls), timeout=self.request_timeout)
+                self.pools[name] = LeanEnginePool(name, list(urls), timeout=self.request_timeout)
         self._retired = [p for name, p in old.items() if self.pools.get(name) is not p]
 
     async def aclose(self) -> None:
         for pool in [*self.pools.values(), *getattr(self, "_retired", [])]:
+            for engine in pool.engines.values():
+                await engine.aclose()
             await pool.aclose()
 
     # -- weight-update windows (announced by the trainer) ----------------------------------

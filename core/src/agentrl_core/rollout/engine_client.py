@@ -419,7 +419,12 @@ def _detail(response: httpx.Response) -> str:
 
 
 class EnginePool:
-    """The engines of one named pool, with sticky least-loaded routing of ``generate``."""
+    """The engines of one named pool, with sticky least-loaded routing of ``generate``.
+
+    ``client_class`` builds each engine's client (a subclass may change the transport).
+    """
+
+    client_class: type[EngineClient] = EngineClient
 
     def __init__(self, name: str, urls: Sequence[str], *, http: httpx.AsyncClient | None = None,
                  connect_retries: int = 3, down_seconds: float = 10.0, max_sticky_keys: int = 100_000,
@@ -430,7 +435,7 @@ class EnginePool:
         self._own_http = http is None
         self.http = http or make_http_client()
         self._client_options = {"connect_retries": connect_retries, "timeout": timeout, "health_timeout": health_timeout}
-        self.engines = {url.rstrip("/"): EngineClient(url, http=self.http, **self._client_options) for url in urls}
+        self.engines = {url.rstrip("/"): self.client_class(url, http=self.http, **self._client_options) for url in urls}
         self.urls = list(self.engines)
         self.in_flight: dict[str, int] = dict.fromkeys(self.urls, 0)
         self.down_seconds = down_seconds
@@ -484,7 +489,7 @@ class EnginePool:
         if old not in self.engines:
             raise ValueError(f"pool {self.name!r} has no engine {old}")
         del self.engines[old]
-        self.engines[new] = EngineClient(new, http=self.http, **self._client_options)
+        self.engines[new] = self.client_class(new, http=self.http, **self._client_options)
         self.urls = [new if u == old else u for u in self.urls]
         self.in_flight.pop(old, None)
         self.in_flight[new] = 0
