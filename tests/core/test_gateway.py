@@ -487,3 +487,42 @@ async def test_an_unreachable_engine_is_a_503_the_sdk_can_retry(tiny_model_dir):
                 await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
         assert info.value.status_code == 503 and "cannot connect" in info.value.message
         assert close_session(gateway, session["id"])["calls"] == 0
+
+
+async def test_a_call_retracted_by_a_weight_update_keeps_every_tokens_version(gateway, engine, tiny_model_dir,
+                                                                               monkeypatch):
+    """The trainer's partial-rollout sync (pause with retract, new weights, continue) in the middle of a call:
+    the reply keeps its first tokens, continues under the new version, and the sample records both."""
+    from agentrl_core.rollout.engine_client import EngineClient
+
+    scheduler = engine.server.scheduler
+    paused = threading.Event()
+    sample = scheduler._sample_and_append
+
+    def sample_then_maybe_pause(requests, logits):  # retract at an exact token, whatever the load
+        sample(requests, logits)
+        if not paused.is_set() and any(len(r.output_ids) >= 2 for r in scheduler.running):
+            scheduler.pause("retract")
+            paused.set()
+
+    monkeypatch.setattr(scheduler, "_sample_and_append", sample_then_maybe_pause)
+    session = open_session(gateway, task="retract")
+    async with EngineClient(engine.url) as admin, \
+            openai.AsyncOpenAI(base_url=session["base_url"], api_key="unused", max_retries=0) as client:
+        try:
+            call = asyncio.ensure_future(client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "Tell a story."}], max_tokens=8, seed=5))
+            assert await asyncio.to_thread(paused.wait, 60), "the call never reached its second token"
+            await admin.update_weights_from_disk(str(tiny_model_dir), weight_version=1)
+            await admin.continue_generation()
+            response = await call
+        finally:
+            await admin.update_weights_from_disk(str(tiny_model_dir), weight_version=0)
+    record = close_session(gateway, session["id"])
+    [sample_record] = record["sample_records"]
+    versions = [v for v, m in zip(sample_record["versions"], sample_record["loss_mask"]) if m]
+    k = versions.count(0)
+    assert k >= 2 and versions == [0] * k + [1] * (len(versions) - k), versions
+    assert len(versions) == response.usage.completion_tokens
+    [turn] = record["turns"]
+    assert turn["interrupted"] and turn["aborted_retries"] == 0 and turn["version"] == 0

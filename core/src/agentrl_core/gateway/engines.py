@@ -4,13 +4,16 @@ Each call goes to the pool the run's sampler picks for that turn (``current``, o
 with the cross sampler; the same :class:`~agentrl_core.types.TurnContext` as the chat loop
 uses), and within it to the session's sticky engine (its prefix is cached there).
 
-A weight update pauses the engines: a running request ends with ``finish_reason: abort``,
-keeping nothing usable, and new requests queue until the update is done. With
-``on_weight_update: hold`` (the default) the gateway sends an aborted call again from its
-start (so each reply has one policy version), up to ``max_abort_retries`` times, and the
-client only sees a slower answer. With ``reject`` it answers 429 with ``Retry-After``,
-which the OpenAI SDK waits out and retries by itself; calls that arrive while the trainer
-has announced an update (``POST /admin/pause``) are answered 429 at once. Never a 5xx.
+A weight update pauses the engines. An engine that retracts (hf, vllm) keeps a running
+request's tokens and continues it under the new weights, tagging each token with its
+version; one that can only abort (SGLang) ends it with ``finish_reason: abort``. With
+``on_weight_update: hold`` (the default) a call is the chat loop's turn
+(:func:`~agentrl_core.rollout.agent_loop.generate_turn`): an aborted reply is continued from
+its tokens with ``rollout.partial_rollouts``, else generated again from its start, and the
+client only sees a slower answer; calls that arrive while the trainer has announced an update
+(``POST /admin/pause``) wait for its end. With ``reject`` an aborted reply, and a call that
+arrives during an announced update, is answered 429 with ``Retry-After``, which the OpenAI SDK
+waits out and retries by itself. Never a 5xx.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from attrs import frozen
+
 from agentrl_core.gateway.protocol import OpenAIError
 from agentrl_core.http.client import ConnectFailed, Pool, RequestTimeout, TransportError
+from agentrl_core.rollout.agent_loop import InfraFailure, generate_turn
 from agentrl_core.rollout.engine_client import (
     DEFAULT_TIMEOUT,
     EngineClient,
@@ -118,16 +124,20 @@ class LeanEnginePool(EnginePool):
     client_class = LeanEngineClient
 
 
+@frozen
 class Generated:
-    """A finished generation and where it came from."""
+    """A finished reply: every sampled token with its log-prob and version, and where it came from."""
 
-    __slots__ = ("result", "pool", "retries", "seconds")
-
-    def __init__(self, result: GenerateResult, pool: str, retries: int, seconds: float) -> None:
-        self.result = result
-        self.pool = pool
-        self.retries = retries
-        self.seconds = seconds
+    ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str  # stop | length
+    engine: str
+    pool: str
+    aborted: int  # answers cut short by an abort (then continued, or regenerated)
+    interrupted: bool  # paused by a weight sync and continued
+    mixed: bool  # tokens of more than one version
+    seconds: float
 
 
 class EngineRouter:
@@ -199,36 +209,68 @@ class EngineRouter:
         return self.sampler.choose(context)
 
     async def generate(self, key: str, input_ids: Sequence[int], params: Mapping[str, Any], *, pool_name: str,
-                       wait_limit: float) -> Generated:
-        """One reply from the engines; 429 or holding during weight updates, 503 when no engine answers."""
+                       wait_limit: float, stop_token_ids: Sequence[int] = (), partial_rollouts: bool = True) -> Generated:
+        """One reply from the engines; held or 429 during weight updates, 503 when no engine answers.
+
+        ``hold``: :func:`~agentrl_core.rollout.agent_loop.generate_turn`, the chat loop's own
+        turn: a reply an engine retracts comes back whole with each token's version, and one cut
+        by an abort is continued from its tokens (``rollout.partial_rollouts``) or generated
+        again. ``reject``: a reply cut by an abort is answered 429 and nothing is recorded.
+        """
         pool = self.pools.get(pool_name)
         if pool is None:
             raise OpenAIError(500, f"the sampler chose engine pool {pool_name!r}, which does not exist",
                               type="server_error")
         start = time.monotonic()
-        for retry in range(self.max_abort_retries + 1):
-            if self.paused:
-                if self.on_weight_update == "reject":
-                    raise self._reject()
-                try:
-                    await asyncio.wait_for(self._resumed.wait(), wait_limit)
-                except asyncio.TimeoutError:
-                    log.warning("the weight update announced %.0f s ago has not ended; generating anyway",
-                                wait_limit)
-            try:
-                result = await pool.generate(key, input_ids, params)
-            except EngineUnavailable as exc:
-                raise OpenAIError(503, f"no engine of pool {pool_name!r} can be reached ({exc})", type="server_error",
-                                  code="engine_unavailable", headers=[(b"retry-after", b"5")]) from None
-            except EngineError as exc:
-                status = exc.status if exc.status in (400, 413) else 502
-                raise OpenAIError(status, f"the engine failed this call: {exc}",
-                                  type="invalid_request_error" if status < 500 else "server_error") from None
-            if not result.aborted:
-                return Generated(result, pool_name, retry, time.monotonic() - start)
-            self.aborted_calls += 1
+        if self.paused:
             if self.on_weight_update == "reject":
                 raise self._reject()
-        raise OpenAIError(429, f"this call was interrupted by {self.max_abort_retries + 1} weight updates in a row; "
-                          "retry it", type="rate_limit_error", code="weights_updating",
-                          headers=[(b"retry-after", str(max(1, round(self.retry_after_s))).encode())])
+            try:
+                await asyncio.wait_for(self._resumed.wait(), wait_limit)
+            except asyncio.TimeoutError:
+                log.warning("the weight update announced %.0f s ago has not ended; generating anyway", wait_limit)
+        if self.on_weight_update == "reject":
+            out = await self._engine_call(pool.generate(key, input_ids, params), pool_name)
+            if out.aborted:
+                self.aborted_calls += 1
+                raise self._reject()
+            versions = [_int(v) for v in (out.versions or [out.weight_version] * len(out.output_ids))]
+            return Generated(list(out.output_ids), list(out.logprobs), versions, out.finish_reason, out.engine,
+                             pool_name, 0, len(set(versions)) > 1, len(set(versions)) > 1, time.monotonic() - start)
+        try:
+            turn = await generate_turn(pool, key, input_ids, params, stop_token_ids=stop_token_ids,
+                                       partial_rollouts=partial_rollouts, max_abort_retries=self.max_abort_retries)
+        except InfraFailure as exc:
+            cause = exc.__cause__
+            if isinstance(cause, EngineError):
+                raise self._engine_error(cause, pool_name) from None
+            if "times in a row" in str(exc):
+                raise OpenAIError(429, f"this call was interrupted by {self.max_abort_retries + 1} weight updates in "
+                                  "a row; retry it", type="rate_limit_error", code="weights_updating",
+                                  headers=[(b"retry-after", str(max(1, round(self.retry_after_s))).encode())]) from None
+            raise OpenAIError(502, f"the engine failed this call: {exc}", type="server_error") from None
+        self.aborted_calls += turn.aborted
+        return Generated(turn.ids, turn.logprobs, turn.versions, turn.finish_reason, turn.engine, pool_name,
+                         turn.aborted, turn.interrupted, turn.mixed, time.monotonic() - start)
+
+    async def _engine_call(self, call: Any, pool_name: str) -> Any:
+        try:
+            return await call
+        except EngineError as exc:
+            raise self._engine_error(exc, pool_name) from None
+
+    @staticmethod
+    def _engine_error(exc: EngineError, pool_name: str) -> OpenAIError:
+        if isinstance(exc, EngineUnavailable):
+            return OpenAIError(503, f"no engine of pool {pool_name!r} can be reached ({exc})", type="server_error",
+                               code="engine_unavailable", headers=[(b"retry-after", b"5")])
+        status = exc.status if exc.status in (400, 413) else 502
+        return OpenAIError(status, f"the engine failed this call: {exc}",
+                           type="invalid_request_error" if status < 500 else "server_error")
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1

@@ -55,10 +55,9 @@ async def _chat(gateway: GatewayServer, session: GatewaySession, request: Reques
                      keep_history=gateway.config.on_template_rewrite == "keep_history")
     encoder, _ = gateway.renderer.encoder(plan.key, req.tools, req.template_kwargs)
     generated = await _generate(gateway, session, plan, req.sampling, stop_token_ids=encoder.stop_token_ids)
-    result = generated.result
-    ids = list(result.output_ids)
+    ids = list(generated.ids)
     ended = bool(ids) and ids[-1] in encoder.stop_token_ids
-    text = _text(gateway, ids[:-1] if ended else ids, result.matched_stop)
+    text = _text(gateway, ids[:-1] if ended else ids, req.sampling.stop)
     reasoning, content = gateway.reasoning_parser.parse(text) if gateway.reasoning_parser else (None, text)
     calls: list[dict[str, Any]] = []
     if req.tools and req.tool_choice != "none":
@@ -67,21 +66,21 @@ async def _chat(gateway: GatewayServer, session: GatewaySession, request: Reques
             content = normal
         if error:
             session.counters["tool_parse_errors"] += 1
-    finish = "tool_calls" if calls else ("length" if result.finish_reason == "length" else "stop")
+    finish = "tool_calls" if calls else generated.finish_reason
     reply_message: dict[str, Any] = {"role": "assistant", "content": content if (content or not calls) else None}
     if calls:
         reply_message["tool_calls"] = calls
     if reasoning is not None:
         reply_message["reasoning_content"] = reasoning
-    kind = commit(conv, plan, Sampled(ids, list(result.logprobs), token_versions(result), ended), reply=reply_message,
-                  reasoning=reasoning, close_turn_id=encoder.eot_id)
+    kind = commit(conv, plan, Sampled(ids, list(generated.logprobs), list(generated.versions), ended),
+                  reply=reply_message, reasoning=reasoning, close_turn_id=encoder.eot_id)
     _record(gateway, session, plan, kind, generated, len(ids), t0)
     reply = Reply(
         id=f"chatcmpl-{uuid.uuid4().hex}", model=req.model or gateway.served_model_name, created=now(), text=content,
         reasoning=reasoning, tool_calls=calls, finish_reason=finish,
-        token_pieces=_pieces(gateway, ids) if req.logprobs else [], logprobs=list(result.logprobs),
-        prompt_tokens=len(plan.prompt_ids), completion_tokens=len(ids), cached_tokens=result.cached_tokens,
-        weight_version=result.weight_version,
+        token_pieces=_pieces(gateway, ids) if req.logprobs else [], logprobs=list(generated.logprobs),
+        prompt_tokens=len(plan.prompt_ids), completion_tokens=len(ids),
+        weight_version=generated.versions[-1] if generated.versions else None,
     )
     response = (chat_stream(reply, logprobs=req.logprobs, include_usage=req.include_usage) if req.stream
                 else json_response(chat_body(reply, logprobs=req.logprobs)))
@@ -97,18 +96,17 @@ async def _completion(gateway: GatewayServer, session: GatewaySession, request: 
         raise OpenAIError(400, "the prompt has no tokens", param="prompt")
     plan = plan_text(session.conversation, gateway.renderer, prompt_ids)
     generated = await _generate(gateway, session, plan, req.sampling, stop_token_ids=None)
-    result = generated.result
-    ids = list(result.output_ids)
-    text = _text(gateway, ids, result.matched_stop)
-    kind = commit(session.conversation, plan, Sampled(ids, list(result.logprobs), token_versions(result), True),
+    ids = list(generated.ids)
+    text = _text(gateway, ids, req.sampling.stop)
+    kind = commit(session.conversation, plan, Sampled(ids, list(generated.logprobs), list(generated.versions), True),
                   reply=None, reasoning=None, close_turn_id=None)
     _record(gateway, session, plan, kind, generated, len(ids), t0)
     reply = Reply(
         id=f"cmpl-{uuid.uuid4().hex}", model=req.model or gateway.served_model_name, created=now(), text=text,
-        reasoning=None, tool_calls=[], finish_reason="length" if result.finish_reason == "length" else "stop",
-        token_pieces=_pieces(gateway, ids) if req.logprobs else [], logprobs=list(result.logprobs),
-        prompt_tokens=len(plan.prompt_ids), completion_tokens=len(ids), cached_tokens=result.cached_tokens,
-        weight_version=result.weight_version,
+        reasoning=None, tool_calls=[], finish_reason=generated.finish_reason,
+        token_pieces=_pieces(gateway, ids) if req.logprobs else [], logprobs=list(generated.logprobs),
+        prompt_tokens=len(plan.prompt_ids), completion_tokens=len(ids),
+        weight_version=generated.versions[-1] if generated.versions else None,
     )
     echo = (req.prompt if isinstance(req.prompt, str) else gateway.renderer.decode(req.prompt)) if req.echo else None
     response = (completion_stream(reply, logprobs=req.logprobs, include_usage=req.include_usage, prompt_text=echo)
@@ -148,7 +146,9 @@ async def _generate(gateway: GatewayServer, session: GatewaySession, plan: Plan,
     session.call_started()
     try:
         return await gateway.router.generate(session.id, plan.prompt_ids, params, pool_name=pool,
-                                             wait_limit=gateway.config.max_duration)
+                                             wait_limit=gateway.config.max_duration,
+                                             stop_token_ids=stop_token_ids or (),
+                                             partial_rollouts=rollout.partial_rollouts)
     except OpenAIError as exc:
         if exc.status == 429:
             session.counters["rejected"] += 1
@@ -159,39 +159,23 @@ async def _generate(gateway: GatewayServer, session: GatewaySession, plan: Plan,
 
 def _record(gateway: GatewayServer, session: GatewaySession, plan: Plan, kind: str, generated: Any, n: int,
             started: float) -> None:
-    result = generated.result
     overhead_ms = max(0.0, (time.monotonic() - started - generated.seconds) * 1000)
     session.calls += 1
     session.last_active = time.monotonic()
-    session.turns.append({"kind": kind, "pool": generated.pool, "engine": result.engine,
-                          "version": _int_version(result.weight_version), "num_tokens": n,
-                          "prompt_tokens": len(plan.prompt_ids), "finish_reason": result.finish_reason,
-                          "aborted_retries": generated.retries, "gateway_ms": round(overhead_ms, 3)})
+    session.turns.append({"kind": kind, "pool": generated.pool, "engine": generated.engine,
+                          "version": generated.versions[0] if generated.versions else -1, "num_tokens": n,
+                          "prompt_tokens": len(plan.prompt_ids), "finish_reason": generated.finish_reason,
+                          "aborted_retries": generated.aborted, "interrupted": generated.interrupted,
+                          "mixed_versions": generated.mixed, "gateway_ms": round(overhead_ms, 3)})
     gateway.counters["calls"] += 1
     gateway.counters[f"calls/{kind}"] += 1
 
 
-def token_versions(result: Any) -> list[int]:
-    """The policy version of every sampled token: the engine's per-token versions when it reports
-    them (``meta_info.output_token_versions``), else the reply's ``weight_version`` for each."""
-    per_token = result.meta_info.get("output_token_versions") if isinstance(result.meta_info, dict) else None
-    if isinstance(per_token, list) and len(per_token) == len(result.output_ids):
-        return [_int_version(v) for v in per_token]
-    return [_int_version(result.weight_version)] * len(result.output_ids)
-
-
-def _int_version(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return -1
-
-
-def _text(gateway: GatewayServer, ids: list[int], matched_stop: Any) -> str:
+def _text(gateway: GatewayServer, ids: list[int], stop: list[str]) -> str:
+    """The reply's text, cut before the first stop string (the tokens keep it: they were sampled)."""
     text = gateway.renderer.decode(ids)
-    if isinstance(matched_stop, str) and matched_stop and matched_stop in text:
-        text = text[: text.index(matched_stop)]
-    return text
+    cuts = [text.index(s) for s in stop if s and s in text]
+    return text[: min(cuts)] if cuts else text
 
 
 def _pieces(gateway: GatewayServer, ids: list[int]) -> list[str]:
