@@ -6,6 +6,8 @@ tests leave it unpaused with the weights they found, except the update tests, wh
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import pytest
 import torch
@@ -199,7 +201,18 @@ def test_partial_rollouts_keep_in_flight_requests_across_a_weight_sync(engine, t
     old, new = perturbed(tiny_model_dir, 0.02, 7), perturbed(tiny_model_dir, 0.02, 8)
     transport = DiskTransport(disk_path=str(tmp_path / "sync"), model_dir=str(tiny_model_dir), partial_rollouts=True)
     transport.connect(None, [engine])
-    prompt, n = [11, 12, 13], 600
+    prompt, n = [11, 12, 13], 1000  # max_model_len is 1024
+    # The sync writes the checkpoint before it pauses; on a quiet machine the tiny model finishes a
+    # request in about the time that takes. So the sync starts first, and its last tensor is handed
+    # over only once the request is generating: the pause then meets it with most of its tokens to go.
+    generating_now = threading.Event()
+
+    def paced(tensors):
+        tensors = list(tensors)
+        yield from tensors[:-1]
+        assert generating_now.wait(120), "the request never started generating"
+        yield tensors[-1]
+
     try:
         assert transport.pause_mode == "retract"  # the front lists it in /get_model_info's pause_modes
         transport.send(iter(old), 10)
@@ -212,16 +225,22 @@ def test_partial_rollouts_keep_in_flight_requests_across_a_weight_sync(engine, t
                     box["result"] = await client.generate(prompt, {"temperature": 0.0, "max_new_tokens": n,
                                                                    "ignore_eos": True})
 
+                async def sync():
+                    box["stats"] = await anyio.to_thread.run_sync(lambda: transport.send(paced(new), 11))
+
                 async with anyio.create_task_group() as tg:
                     start = (await client.server_info())["generated_tokens"]
+                    tg.start_soon(sync)
                     tg.start_soon(long_request)
 
                     async def generating():
                         return (await client.server_info())["generated_tokens"] > start + 5
 
-                    await wait_until(generating, what="the request to generate tokens")
-                    stats = await anyio.to_thread.run_sync(lambda: transport.send(iter(new), 11))
-                return box["result"], stats
+                    try:
+                        await wait_until(generating, what="the request to generate tokens")
+                    finally:
+                        generating_now.set()
+                return box["result"], box["stats"]
 
         result, stats = anyio.run(main)
     finally:
