@@ -14,6 +14,7 @@ plugin fails with "install agentrl-...". See :func:`load_config`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -104,6 +105,23 @@ class ControllerConfig:
 
 
 @frozen
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling: groups whose rewards are all equal (no advantage signal) are
+    filtered out before the learner, and more groups are generated to keep the batch full
+    (docs/architecture.md section 6)."""
+
+    enabled: bool = False
+    # at most this x batch_size groups completed per step beyond the batch (filtered ones included)
+    max_extra_factor: float = field(default=1.0, validator=in_range(0.0))
+    # the bound is hit short of the batch: fill it up with filtered groups (advantage 0: the step
+    # trains as without filtering), or train the useful groups alone (filled only when there is none)
+    fallback: Literal["fill", "useful"] = "fill"
+
+    def max_extra_groups(self, batch_groups: int) -> int:
+        return math.ceil(self.max_extra_factor * batch_groups)
+
+
+@frozen
 class RolloutConfig:
     n_samples: int = field(default=8, validator=in_range(1))
     batch_size: int = field(default=256, validator=in_range(1))
@@ -127,6 +145,7 @@ class RolloutConfig:
     # weights, every token tagged with the version that sampled it; false: turns cut by a sync are
     # aborted and generated again from their start (docs/architecture.md section 5)
     partial_rollouts: bool = True
+    dynamic_sampling: DynamicSamplingConfig = field(factory=DynamicSamplingConfig)
 
 
 @frozen

@@ -78,6 +78,9 @@ class Trainer:
         if c.agent.name is not None and c.rollout.agent_loop != "chat":
             raise ConfigError(f"agent ({c.agent.name!r}) and rollout.agent_loop ({c.rollout.agent_loop!r}) both choose "
                               "how episodes are played; an agent program runs through the gateway: unset one of them")
+        if c.rollout.dynamic_sampling.enabled and c.rollout.n_samples < 2:
+            raise ConfigError("rollout.dynamic_sampling.enabled needs rollout.n_samples >= 2: a group of one sample "
+                              "always has equal rewards, so every group would be filtered")
         sampler = self.build_sampler()
         bound = c.rollout.staleness_bound
         minimum = getattr(sampler, "min_staleness_bound", lambda: None)()
@@ -203,8 +206,11 @@ class Trainer:
             self.echo(f"initial weights synced to {', '.join(p.name for p in self.pool_specs)} "
                       f"({sync.get('weight_sync/current/seconds', 0.0):.2f} s)")
             batch_traj = c.rollout.batch_size * c.rollout.n_samples
+            dynamic = c.rollout.dynamic_sampling
             self.buffer = GroupBuffer(c.rollout.n_samples, max(batch_traj, math.ceil(c.rollout.buffer_max_factor * batch_traj)),
-                                      max_infra_retries=c.rollout.max_infra_retries)
+                                      max_infra_retries=c.rollout.max_infra_retries,
+                                      filter_equal_rewards=dynamic.enabled, fallback=dynamic.fallback)
+            self.max_extra_groups = dynamic.max_extra_groups(c.rollout.batch_size) if dynamic.enabled else None
             settings = LoopSettings.from_rollout_config(c.rollout)
             self.gateway = None
             if self.gateway_process is not None:
@@ -274,7 +280,7 @@ class Trainer:
                 t0 = time.monotonic()
                 minimum = warmup_minimum(batch, c.rollout.warmup_factor, c.rollout.n_samples) if first else batch
                 with anyio.CancelScope() as self._wait_scope:
-                    trajectories = await self.buffer.get(minimum)
+                    trajectories = await self.buffer.get(minimum, max_extra_groups=self.max_extra_groups)
                 if self._wait_scope.cancel_called:
                     break
                 first = False
@@ -299,14 +305,15 @@ class Trainer:
         while self.step < c.train.total_steps and not self.stop_requested:
             t0 = time.monotonic()
             with anyio.CancelScope() as self._wait_scope:  # groups cut short are issued again on resume
-                await self.manager.run_groups(c.rollout.batch_size)
+                await self.manager.run_batch(c.rollout.batch_size, max_extra=self.max_extra_groups or 0)
             if self._wait_scope.cancel_called:
                 break
-            ready = self.buffer.stats().ready_trajectories
-            if ready == 0:
+            # every ready group (dynamic sampling's rounds may bring a few more useful ones than the
+            # batch); short of the batch after those rounds, the fallback fills it
+            trajectories = self.buffer.take_ready(c.rollout.batch_size * c.rollout.n_samples)
+            if not trajectories:
                 log.warning("every group of this batch was dropped (infrastructure failures); generating again")
                 continue
-            trajectories = await self.buffer.get(ready)
             await self._step(trajectories, wait_s=time.monotonic() - t0)
 
     async def _step(self, trajectories: list[Any], *, wait_s: float) -> None:
@@ -326,6 +333,7 @@ class Trainer:
         self.step += 1
         trained = sorted({t.group_id for t in trajectories})
         self.stream.mark_done(trained)
+        self.stream.mark_done(self.buffer.take_spent())  # filtered by dynamic sampling, never to be trained
         with open(self.run_dir / "trained_groups.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps({"step": self.step, "groups": trained}) + "\n")
         for gid in self.manager.take_dropped():
@@ -344,6 +352,7 @@ class Trainer:
             **sync_metrics,
             **self.manager.metrics(),
             **self.buffer.stats().as_metrics(),
+            **(self.buffer.last_take.as_metrics() if self.buffer.last_take is not None else {}),
             **await self._engine_metrics(),
             "time/wait_rollout_s": wait_s,
             "time/advantages_s": t_adv - t0,

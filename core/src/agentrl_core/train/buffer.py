@@ -30,6 +30,19 @@ The consumer's side: ``await buffer.get(minimum, multiple)`` waits until at leas
 ``lcm(n_samples, multiple)`` divides, oldest first, and returns them sorted by
 ``(group_id, sample)`` so a batch's order does not depend on completion order.
 
+Dynamic sampling (DAPO; ``filter_equal_rewards=True``): a group whose members all got the
+same training reward carries no advantage signal, so when it completes it is *set aside*
+instead of becoming ready (``add`` answers ``GROUP_FILTERED``), and the producer keeps
+generating. ``get(..., max_extra_groups=k)`` then also stops waiting once the groups
+completed since the previous take (ready plus set aside) reach the ask plus ``k``: the
+bound on extra generation. A take short of its ask after that is a *fallback*, counted:
+``fallback="fill"`` tops the batch up with the most recent set-aside groups (their
+advantage is 0 under GRPO/RLOO: that step trains as if nothing were filtered);
+``"useful"`` trains the useful groups alone, and fills only when there is none, so a
+step is never empty. Set-aside groups not trained by the take that follows are *spent*
+(``take_spent`` lists them, to be marked done in the task stream). ``take_ready`` is the
+same take without waiting (sync mode, after its generation rounds).
+
 Everything runs on one event loop (anyio); nothing here is thread-safe.
 """
 
@@ -39,6 +52,7 @@ import enum
 import logging
 import math
 from collections import OrderedDict, deque
+from typing import Literal
 
 import anyio
 import attrs
@@ -48,7 +62,7 @@ from agentrl_core.types import FailureKind, Trajectory
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GroupBuffer", "AddResult", "BufferStats", "BufferClosed"]
+__all__ = ["GroupBuffer", "AddResult", "BufferStats", "BufferClosed", "TakeStats"]
 
 _RELEASED_MEMORY = 1 << 16  # released group ids remembered to reject late duplicates
 
@@ -61,6 +75,7 @@ class AddResult(str, enum.Enum):
     """What the producer must do after :meth:`GroupBuffer.add` or :meth:`GroupBuffer.fail`."""
 
     ACCEPTED = "accepted"  # kept; nothing to do
+    GROUP_FILTERED = "group_filtered"  # kept, and it completed a group with equal rewards: set aside
     RETRY = "retry"  # infra failure within the budget: run this sample again
     GROUP_DROPPED = "group_dropped"  # this failure exhausted the budget: the group is gone
     DISCARDED = "discarded"  # the group was dropped earlier: stop working on it
@@ -81,9 +96,39 @@ class BufferStats:
     trajectories_discarded: int
     infra_failures: int
     infra_retries: int
+    groups_filtered: int = 0  # dynamic sampling, since the start: set aside for equal rewards
+    groups_filled: int = 0  # ... of those, trained anyway by a fallback
+    fallback_hits: int = 0  # takes that hit the bound on extra groups short of their ask
+    set_aside_groups: int = 0  # held now for a fallback
 
     def as_metrics(self, prefix: str = "buffer/") -> dict[str, float]:
         return {f"{prefix}{k}": float(v) for k, v in attrs.asdict(self).items()}
+
+
+@frozen
+class TakeStats:
+    """What one take was made of, with dynamic sampling (all counts are groups)."""
+
+    asked: int  # the take's minimum, in whole groups
+    useful: int  # groups with a reward spread, taken
+    filtered: int  # groups set aside since the previous take
+    filled: int  # set-aside groups taken by the fallback
+    fallback: bool  # the bound on extra groups was hit short of the ask
+
+    @property
+    def extra(self) -> int:
+        """Groups completed for this take beyond its ask."""
+        return max(0, self.useful + self.filtered - self.asked)
+
+    @property
+    def useful_share(self) -> float:
+        completed = self.useful + self.filtered
+        return self.useful / completed if completed else 0.0
+
+    def as_metrics(self, prefix: str = "dynamic_sampling/") -> dict[str, float]:
+        return {f"{prefix}groups_filtered": float(self.filtered), f"{prefix}extra_groups": float(self.extra),
+                f"{prefix}useful_share": self.useful_share, f"{prefix}useful_groups": float(self.useful),
+                f"{prefix}filled_groups": float(self.filled), f"{prefix}fallback": float(self.fallback)}
 
 
 @define
@@ -103,15 +148,28 @@ class GroupBuffer:
             :meth:`admit` (``buffer_max_factor`` x batch size x group size).
         max_infra_retries: re-runs of one sample after infrastructure failures before its
             group is dropped.
+        filter_equal_rewards: dynamic sampling: set aside groups whose training rewards are
+            all equal (``rollout.dynamic_sampling.enabled``).
+        fallback: what a take short of its ask does once the bound on extra groups is hit:
+            ``fill`` (with set-aside groups) or ``useful`` (the useful groups alone, filled
+            only when there is none) (``rollout.dynamic_sampling.fallback``).
     """
 
-    def __init__(self, n_samples: int, max_size: int, *, max_infra_retries: int = 2) -> None:
+    def __init__(self, n_samples: int, max_size: int, *, max_infra_retries: int = 2,
+                 filter_equal_rewards: bool = False, fallback: Literal["fill", "useful"] = "fill") -> None:
         if n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
         if max_size < n_samples:
             raise ValueError(f"max_size ({max_size}) must hold at least one group of {n_samples}")
         if max_infra_retries < 0:
             raise ValueError(f"max_infra_retries must be >= 0, got {max_infra_retries}")
+        if filter_equal_rewards and n_samples < 2:
+            raise ValueError("filtering groups with equal rewards needs groups of at least 2 samples; a group of one "
+                             "always has equal rewards")
+        if fallback not in ("fill", "useful"):
+            raise ValueError(f"fallback must be 'fill' or 'useful', got {fallback!r}")
+        self.filter_equal_rewards = filter_equal_rewards
+        self.fallback = fallback
         self.n_samples = n_samples
         self.max_size = max_size
         self.max_infra_retries = max_infra_retries
@@ -123,7 +181,12 @@ class GroupBuffer:
         self._closed = False
         self._pending_trajectories = 0
         self._ready_trajectories = 0
-        self._counts = dict(groups_released=0, groups_dropped=0, trajectories_discarded=0, infra_failures=0, infra_retries=0)
+        self._counts = dict(groups_released=0, groups_dropped=0, trajectories_discarded=0, infra_failures=0, infra_retries=0,
+                            groups_filtered=0, groups_filled=0, fallback_hits=0)
+        self._set_aside: deque[list[Trajectory]] = deque()  # filtered since the last take, oldest first
+        self._filtered_since_take = 0
+        self._spent: list[str] = []
+        self.last_take: TakeStats | None = None
 
     # -- producer side --------------------------------------------------------------
 
@@ -163,16 +226,22 @@ class GroupBuffer:
             raise ValueError(f"group {gid!r} already has sample {sample}; each sample is added once")
         group.members[sample] = trajectory
         self._pending_trajectories += 1
+        result = AddResult.ACCEPTED
         if len(group.members) == self.n_samples:
             del self._pending[gid]
             self._admitted.discard(gid)
             self._remember_released(gid)
             self._pending_trajectories -= self.n_samples
-            self._ready.append([group.members[s] for s in sorted(group.members)])
-            self._ready_trajectories += self.n_samples
-            self._counts["groups_released"] += 1
+            members = [group.members[s] for s in sorted(group.members)]
+            if self.filter_equal_rewards and len({t.training_reward for t in members}) == 1:
+                self._put_aside(members)
+                result = AddResult.GROUP_FILTERED
+            else:
+                self._ready.append(members)
+                self._ready_trajectories += self.n_samples
+                self._counts["groups_released"] += 1
         self._notify()
-        return AddResult.ACCEPTED
+        return result
 
     def fail(self, group_id: str, sample: int, reason: str = "no trajectory") -> AddResult:
         """An infrastructure failure of ``sample`` that produced no trajectory."""
@@ -184,30 +253,47 @@ class GroupBuffer:
 
     # -- consumer side --------------------------------------------------------------
 
-    async def get(self, minimum: int, multiple: int = 1) -> list[Trajectory]:
+    async def get(self, minimum: int, multiple: int = 1, *, max_extra_groups: int | None = None) -> list[Trajectory]:
         """Wait for ``minimum`` ready trajectories; take all ready groups, lcm-aligned.
 
         The number taken is the largest multiple of ``lcm(n_samples, multiple)`` that the
         ready trajectories allow (at least ``minimum``). Raises :class:`BufferClosed` if
-        the buffer is closed before that many are ready.
+        the buffer is closed before that many are ready. With dynamic sampling,
+        ``max_extra_groups`` bounds the groups completed beyond the ask (set-aside ones
+        included); reaching it ends the wait with a fallback take (see the module).
         """
-        unit = math.lcm(self.n_samples, max(int(multiple), 1))
-        need = max(unit, math.ceil(max(minimum, 1) / unit) * unit)
-        if need > self.max_size:
-            raise ValueError(
-                f"get(minimum={minimum}, multiple={multiple}) needs {need} ready trajectories but the buffer "
-                f"admits new groups only below {self.max_size}; raise the buffer size or lower the batch"
-            )
-        while self._ready_trajectories < need:
+        unit, need = self._ask(minimum, multiple)
+        while self._ready_trajectories < need and not self._extra_bound_hit(need, max_extra_groups):
             self._check_open()
             event = self._changed
             await event.wait()
-        take = self._ready_trajectories // unit * unit
-        groups = [self._ready.popleft() for _ in range(take // self.n_samples)]
-        self._ready_trajectories -= take
-        self._notify()
-        groups.sort(key=lambda g: g[0].group_id)
-        return [t for g in groups for t in g]
+        return self._take(need, unit)
+
+    def take_ready(self, minimum: int, multiple: int = 1) -> list[Trajectory]:
+        """Take what is ready now, like :meth:`get` without waiting; a take short of ``minimum``
+        falls back as the bound on extra groups does (sync mode, once its rounds have run).
+        Empty only when nothing is ready and nothing is set aside."""
+        self._check_open()
+        unit, need = self._ask(minimum, multiple)
+        return self._take(need, unit)
+
+    def take_spent(self) -> list[str]:
+        """Ids of set-aside groups that will never be trained, since the last call."""
+        spent, self._spent = self._spent, []
+        return spent
+
+    @property
+    def ready_groups(self) -> int:
+        return len(self._ready)
+
+    @property
+    def filtered_since_take(self) -> int:
+        return self._filtered_since_take
+
+    @property
+    def groups_filtered_untrained(self) -> int:
+        """Groups set aside and not trained by a fallback: they never reach the learner."""
+        return self._counts["groups_filtered"] - self._counts["groups_filled"]
 
     def close(self) -> None:
         """Wake every waiter with :class:`BufferClosed`; later calls raise it too."""
@@ -221,6 +307,7 @@ class GroupBuffer:
             pending_groups=sum(1 for g in self._pending.values() if not g.dropped),
             pending_trajectories=self._pending_trajectories,
             completed_unconsumed=self.completed_unconsumed,
+            set_aside_groups=len(self._set_aside),
             **self._counts,
         )
 
@@ -233,6 +320,60 @@ class GroupBuffer:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = anyio.Event()
+
+    def _ask(self, minimum: int, multiple: int) -> tuple[int, int]:
+        unit = math.lcm(self.n_samples, max(int(multiple), 1))
+        need = max(unit, math.ceil(max(minimum, 1) / unit) * unit)
+        if need > self.max_size:
+            raise ValueError(
+                f"a take of minimum={minimum}, multiple={multiple} needs {need} ready trajectories but the buffer "
+                f"admits new groups only below {self.max_size}; raise the buffer size or lower the batch"
+            )
+        return unit, need
+
+    def _extra_bound_hit(self, need: int, max_extra_groups: int | None) -> bool:
+        if not self.filter_equal_rewards or max_extra_groups is None:
+            return False
+        completed = len(self._ready) + self._filtered_since_take
+        return completed * self.n_samples >= need + max_extra_groups * self.n_samples
+
+    def _take(self, need: int, unit: int) -> list[Trajectory]:
+        take = self._ready_trajectories // unit * unit
+        if take == 0 and not self._set_aside:
+            return []  # only take_ready gets here: there is nothing to train, and no step
+        groups = [self._ready.popleft() for _ in range(take // self.n_samples)]
+        self._ready_trajectories -= take
+        useful, filled = len(groups), 0
+        fallback = self.filter_equal_rewards and take < need
+        if fallback:
+            self._counts["fallback_hits"] += 1
+            if self.fallback == "fill" or not groups:
+                while self._set_aside and (len(groups) * self.n_samples < need
+                                           or len(groups) * self.n_samples % unit):
+                    groups.append(self._set_aside.pop())  # the most recent: the freshest weights
+                    filled += 1
+                while filled and len(groups) * self.n_samples % unit:  # too few set aside to align
+                    self._set_aside.append(groups.pop())
+                    filled -= 1
+            self._counts["groups_filled"] += filled
+            log.info("dynamic sampling: the bound on extra groups was hit with %d useful groups of %d asked; "
+                     "%d filtered groups fill the batch", useful, need // self.n_samples, filled)
+        if self.filter_equal_rewards:
+            self.last_take = TakeStats(asked=need // self.n_samples, useful=useful,
+                                       filtered=self._filtered_since_take, filled=filled, fallback=fallback)
+        self._spent.extend(g[0].group_id for g in self._set_aside)  # the next take wants fresher ones
+        self._set_aside.clear()
+        self._filtered_since_take = 0
+        self._notify()
+        groups.sort(key=lambda g: g[0].group_id)
+        return [t for g in groups for t in g]
+
+    def _put_aside(self, members: list[Trajectory]) -> None:
+        self._counts["groups_filtered"] += 1
+        self._filtered_since_take += 1
+        self._set_aside.append(members)
+        while len(self._set_aside) * self.n_samples > self.max_size:  # more than any fill can use
+            self._spent.append(self._set_aside.popleft()[0].group_id)
 
     def _group(self, gid: str, sample: int) -> _Group:
         if not 0 <= sample < self.n_samples:

@@ -12,7 +12,16 @@ under the staleness bound back (it never reaches the learner). When
 engine.
 
 ``async`` mode runs :meth:`run_forever` beside the learner. ``sync`` mode calls
-:meth:`run_groups` with exactly one batch of groups, then trains.
+:meth:`run_batch`: exactly one batch of groups, then trains.
+
+Dynamic sampling (the buffer's ``filter_equal_rewards``): a group whose rewards are all
+equal is set aside by the buffer (``GROUP_FILTERED``); like a dropped group it gives its
+place under the staleness bound back. In async mode the producer simply keeps going (the
+learner's ``get`` bounds the extra groups per step); in sync mode :meth:`run_batch` runs
+more groups in rounds until the batch has its useful groups or ``max_extra`` more groups
+have run. Each round is sized by the useful share seen so far, so a batch at a 50 % share
+takes about two rounds, not one round per halving of the gap; the rounds depend only on
+the rewards, so production stays deterministic.
 """
 
 from __future__ import annotations
@@ -74,6 +83,8 @@ class RolloutManager:
         self._progress = anyio.Event()
         self.dropped_groups: list[str] = []
         self.groups_dropped = 0
+        self.groups_filtered = 0
+        self.extra_groups_started = 0
         self.max_consecutive_drops = max_consecutive_drops
         self.drops_in_a_row = 0
         self.last_failure = ""
@@ -93,9 +104,10 @@ class RolloutManager:
             return True
         # a group started while the learner is at version v is trained by step
         # ~ groups_started // batch_groups + 1; keep that within v + bound (AReaL's rule).
-        # Dropped groups never reach the learner: counting them would leave batches unfillable.
+        # Dropped groups never reach the learner, nor do filtered ones (unless a fallback fills
+        # with them): counting them would leave batches unfillable.
         allowed = (self.learner_step() + self.staleness_bound + 1) * self.batch_groups
-        return self.groups_started - self.groups_dropped < allowed
+        return self.groups_started - self.groups_dropped - self.buffer.groups_filtered_untrained < allowed
 
     async def _admit(self, group: GroupTask) -> None:
         while not self._stale_room():
@@ -132,6 +144,26 @@ class RolloutManager:
                 self.groups_started += 1
                 tg.start_soon(self._run_group, group)
         self._raise_if_open()
+
+    async def run_batch(self, count: int, *, max_extra: int = 0) -> None:
+        """Sync mode: run ``count`` new groups; with dynamic sampling, then rounds of more until
+        ``count`` useful groups are ready or ``max_extra`` more groups have run. Raises
+        :class:`RolloutCircuitOpen`."""
+        await self.run_groups(count)
+        extra = 0
+        while self.buffer.filter_equal_rewards and extra < max_extra:
+            useful = self.buffer.ready_groups
+            missing = count - useful
+            if missing <= 0:
+                return
+            completed = useful + self.buffer.filtered_since_take
+            # as many as the useful share so far says will bring the missing ones (a batch's worth
+            # when none was useful yet), within the bound and at most a batch per round
+            wanted = math.ceil(missing * completed / useful) if useful else count
+            launch = min(max_extra - extra, count, wanted)
+            extra += launch
+            self.extra_groups_started += launch
+            await self.run_groups(launch)
 
     def _raise_if_open(self) -> None:
         if self.circuit_error is not None:
@@ -204,6 +236,9 @@ class RolloutManager:
                 # back off, so a restarting engine or worker is not hammered into dropping every group
                 await anyio.sleep(min(self.retry_backoff * 2 ** (attempt - 1), 30.0))
                 continue
+            if result is AddResult.GROUP_FILTERED:
+                self.groups_filtered += 1
+                self.notify_step()  # like a dropped group, it frees its place under the staleness bound
             if result is AddResult.GROUP_DROPPED:
                 self.counters["groups_dropped"] += 1
                 self.groups_dropped += 1
@@ -222,6 +257,9 @@ class RolloutManager:
         out = {f"rollout/{k}": float(v) for k, v in self.counters.items()}
         out["rollout/in_flight"] = float(self.in_flight)
         out["rollout/groups_started"] = float(self.groups_started)
+        if self.buffer.filter_equal_rewards:
+            out["rollout/groups_filtered"] = float(self.groups_filtered)
+            out["rollout/extra_groups_started"] = float(self.extra_groups_started)  # sync mode's rounds
         total = sum(self.statuses.values())
         for status, n in self.statuses.items():
             out[f"rollout/status/{status}"] = float(n)
