@@ -9,6 +9,7 @@ docs/architecture.md section 6.
 from __future__ import annotations
 
 import anyio
+import attrs
 import pytest
 from anyio import wait_all_tasks_blocked
 
@@ -289,3 +290,95 @@ def test_filtered_groups_give_their_place_under_the_staleness_bound_back():
     batch = run(main)
     assert len(batch) == 4 and buffer.last_take.fallback and buffer.last_take.filled == 2
     assert buffer.last_take.filtered >= 5 and manager.groups_started >= 5
+
+
+# -- the trainer's loop, in both modes ----------------------------------------------------------
+
+
+class RecordingLearners:
+    """TEST DOUBLE of the learner ranks: records each step's samples, syncs at once."""
+
+    def __init__(self):
+        self.steps = []
+
+    async def train_step(self, samples):
+        self.steps.append(samples)
+        return {"num_tokens": float(sum(sum(s.loss_mask) for s in samples))}
+
+    async def sync(self, pools, version):
+        return {}
+
+
+def trainer_for(tmp_path, mode, loop, **dynamic):
+    from agentrl_core.jobs.training import Trainer
+    from agentrl_core.train.advantages import build_advantage_fns
+    from agentrl_core.train.engine_watch import EngineWatchdog
+
+    config = config_from_dict({
+        "run": {"output_dir": str(tmp_path)}, "model": {"path": "/m"}, "tasks": [{"env": "calc"}],
+        "rollout": {"n_samples": 2, "batch_size": 2, "concurrency": 4, "dynamic_sampling": {"enabled": True, **dynamic}},
+        "train": {"mode": mode, "total_steps": 2, "checkpoint_every": 0},
+        "logging": {"loggers": [], "sample_rollouts": 0, "progress": False},
+    }, validate_plugins=False)
+    trainer = Trainer(config, echo=lambda *a: None)
+    trainer.pools = type("Pools", (), {"learner": RecordingLearners()})()
+    trainer.learner_lock, trainer.metrics_out, trainer.engine_pools = anyio.Lock(), [], {}
+    trainer.watchdog = EngineWatchdog({}, restart=None, interval=1.0, unhealthy_checks=1, max_restarts=0)
+    trainer.sampler = trainer.build_sampler()
+    trainer.pool_specs = trainer.sampler.pools()
+    trainer.stream = TaskStream([StreamTask("calc-train", "calc", "train", tuple(range(100)))], n_samples=2, seed=0)
+    trainer.estimator, trainer.normalizers = build_advantage_fns(config.advantage, trainer.registry)
+    trainer._build_rollout(loop)
+    return trainer
+
+
+def trained_steps(trainer):
+    return [sorted({s.group_id[:8] for s in samples}) for samples in trainer.pools.learner.steps]
+
+
+def test_sync_trainer_trains_useful_groups_and_marks_the_filtered_done(tmp_path):
+    trainer = trainer_for(tmp_path, "sync", RewardLoop(mixed_if_odd))
+    run(trainer._run_sync)
+    # each step: groups 4k, 4k+1, then one round of 2 more (share 1/2); the odd ones are trained
+    assert trained_steps(trainer) == [["00000001", "00000003"], ["00000005", "00000007"]]
+    assert trainer.stream.outstanding == []  # the even ones were spent: none re-issued on resume
+    for metrics in trainer.history:
+        assert metrics["dynamic_sampling/groups_filtered"] == 2.0 and metrics["dynamic_sampling/extra_groups"] == 2.0
+        assert metrics["dynamic_sampling/useful_share"] == 0.5 and metrics["dynamic_sampling/fallback"] == 0.0
+    assert trainer.history[-1]["buffer/groups_filtered"] == 4.0 and trainer.history[-1]["rollout/groups_filtered"] == 4.0
+
+
+def test_sync_trainer_fallback_fills_with_zero_advantage_groups(tmp_path):
+    # rewards 1, 1 in every group: no signal anywhere; the bound (ceil(0.5 x 2) = 1 extra) is hit
+    trainer = trainer_for(tmp_path, "sync", RewardLoop(lambda seq, sample: 1.0), max_extra_factor=0.5)
+    run(trainer._run_sync)
+    assert trained_steps(trainer) == [["00000001", "00000002"], ["00000004", "00000005"]]
+    for samples in trainer.pools.learner.steps:
+        assert all(a == 0.0 for s in samples for a in s.advantages)  # GRPO: r - mean = 0; the step is never empty
+    assert [m["dynamic_sampling/fallback"] for m in trainer.history] == [1.0, 1.0]
+    assert [m["dynamic_sampling/filled_groups"] for m in trainer.history] == [2.0, 2.0]
+    assert trainer.history[-1]["buffer/fallback_hits"] == 2.0
+    assert trainer.stream.outstanding == []
+
+
+def test_async_trainer_trains_only_useful_groups(tmp_path):
+    trainer = trainer_for(tmp_path, "async", RewardLoop(mixed_if_odd, delay=0.001), max_extra_factor=10.0)
+    trainer.config = attrs.evolve(trainer.config, rollout=attrs.evolve(trainer.config.rollout, warmup_factor=1.0))
+    run(trainer._run_async)
+    steps = trained_steps(trainer)
+    assert len(steps) == 2 and all(int(g) % 2 for step in steps for g in step)
+    assert all(m["dynamic_sampling/useful_share"] > 0 for m in trainer.history)
+    # trained or spent groups are done; what is left is in flight or ready, never an even group already set aside
+    done = {g for step in steps for g in step}
+    assert not done & {g.group_id[:8] for g in trainer.stream.outstanding}
+
+
+def test_groups_of_one_cannot_be_filtered(tmp_path):
+    from agentrl_core.errors import ConfigError
+    from agentrl_core.jobs.training import Trainer
+
+    config = config_from_dict({"model": {"path": "/m"}, "tasks": [{"env": "calc"}],
+                               "rollout": {"n_samples": 1, "dynamic_sampling": {"enabled": True}}},
+                              validate_plugins=False)
+    with pytest.raises(ConfigError, match="rollout.dynamic_sampling.enabled needs rollout.n_samples >= 2"):
+        Trainer(config)

@@ -180,7 +180,6 @@ class Trainer:
         from agentrl_core.rollout.engine_client import EnginePool
         from agentrl_core.rollout.tokenizer import load_tokenizer
         from agentrl_core.train.advantages import build_advantage_fns
-        from agentrl_core.train.buffer import GroupBuffer
         from agentrl_core.train.task_stream import StreamTask, TaskStream
 
         c = self.config
@@ -205,31 +204,19 @@ class Trainer:
                                        what="the initial weight sync")
             self.echo(f"initial weights synced to {', '.join(p.name for p in self.pool_specs)} "
                       f"({sync.get('weight_sync/current/seconds', 0.0):.2f} s)")
-            batch_traj = c.rollout.batch_size * c.rollout.n_samples
-            dynamic = c.rollout.dynamic_sampling
-            self.buffer = GroupBuffer(c.rollout.n_samples, max(batch_traj, math.ceil(c.rollout.buffer_max_factor * batch_traj)),
-                                      max_infra_retries=c.rollout.max_infra_retries,
-                                      filter_equal_rewards=dynamic.enabled, fallback=dynamic.fallback)
-            self.max_extra_groups = dynamic.max_extra_groups(c.rollout.batch_size) if dynamic.enabled else None
             settings = LoopSettings.from_rollout_config(c.rollout)
             self.gateway = None
             if self.gateway_process is not None:
-                self.agent_loop = self._agent_program_loop(client)
+                agent_loop = self._agent_program_loop(client)
             else:
-                self.agent_loop = self.registry.build(
+                agent_loop = self.registry.build(
                     AgentLoopSpec, c.rollout.agent_loop, None, tokenizer=self.tokenizer, env_client=client,
                     pools=self.engine_pools, sampler=sampler,
                     tool_parser=self.registry.build(ToolParserSpec, c.model.tool_parser),
                     settings=settings, seed=c.run.seed, global_step=lambda: self.step,
                 )
             self.sampler = sampler
-            self.manager = RolloutManager(
-                agent_loop=self.agent_loop, buffer=self.buffer, stream=self.stream, concurrency=c.rollout.concurrency,
-                batch_groups=c.rollout.batch_size, staleness_bound=c.rollout.staleness_bound,
-                learner_step=lambda: self.step,
-                max_consecutive_drops=c.rollout.max_consecutive_dropped_groups or default_max_consecutive_drops(
-                    c.rollout.batch_size, c.rollout.concurrency, c.rollout.n_samples),
-            )
+            self._build_rollout(agent_loop)
             self.estimator, self.normalizers = build_advantage_fns(c.advantage, self.registry)
             try:
                 self.progress = TrainProgress(c.train.total_steps, self._snapshot, echo=self.echo) \
@@ -255,6 +242,26 @@ class Trainer:
                 for logger in self.metrics_out:
                     logger.close()
         return summary
+
+    def _build_rollout(self, agent_loop: Any) -> None:
+        """The buffer and the rollout manager that fills it (``self.stream`` is set)."""
+        from agentrl_core.train.buffer import GroupBuffer
+
+        c = self.config
+        batch_traj = c.rollout.batch_size * c.rollout.n_samples
+        dynamic = c.rollout.dynamic_sampling
+        self.buffer = GroupBuffer(c.rollout.n_samples, max(batch_traj, math.ceil(c.rollout.buffer_max_factor * batch_traj)),
+                                  max_infra_retries=c.rollout.max_infra_retries,
+                                  filter_equal_rewards=dynamic.enabled, fallback=dynamic.fallback)
+        self.max_extra_groups = dynamic.max_extra_groups(c.rollout.batch_size) if dynamic.enabled else None
+        self.agent_loop = agent_loop
+        self.manager = RolloutManager(
+            agent_loop=agent_loop, buffer=self.buffer, stream=self.stream, concurrency=c.rollout.concurrency,
+            batch_groups=c.rollout.batch_size, staleness_bound=c.rollout.staleness_bound,
+            learner_step=lambda: self.step,
+            max_consecutive_drops=c.rollout.max_consecutive_dropped_groups or default_max_consecutive_drops(
+                c.rollout.batch_size, c.rollout.concurrency, c.rollout.n_samples),
+        )
 
     def _agent_program_loop(self, env_client: Any) -> Any:
         """The gateway-backed agent loop that runs ``agent``'s program (docs/architecture.md section 5)."""
