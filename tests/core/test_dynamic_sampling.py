@@ -228,12 +228,12 @@ def test_sync_rounds_fill_the_batch_sized_by_the_useful_share():
     manager, buffer, stream = make(RewardLoop(mixed_if_odd))
     anyio.run(lambda: manager.run_batch(4, max_extra=8))
     # round 1: groups 0..3, 2 useful, 2 filtered; share 1/2: ceil(2 missing x 4 / 2) = 4 more (not 2)
-    assert manager.groups_started == 8 and manager.extra_groups_started == 4 and manager.groups_filtered == 4
+    assert manager.groups_started == 8 and manager.extra_groups_started == 4 and buffer.stats().groups_filtered == 4
     batch = buffer.take_ready(4 * 2)
     assert [g[:8] for g in ids(batch)] == ["00000001", "00000003", "00000005", "00000007"]
     assert all(len({t.training_reward for t in batch if t.group_id == g}) == 2 for g in ids(batch))
     assert buffer.last_take == TakeStats(asked=4, useful=4, filtered=4, filled=0, fallback=False)
-    assert manager.metrics()["rollout/groups_filtered"] == 4.0
+    assert manager.metrics()["rollout/extra_groups_started"] == 4.0
     stream.mark_done(ids(batch))
     stream.mark_done(buffer.take_spent())
     assert stream.outstanding == []  # every group issued is trained or spent: none re-issued on resume
@@ -345,7 +345,7 @@ def test_sync_trainer_trains_useful_groups_and_marks_the_filtered_done(tmp_path)
     for metrics in trainer.history:
         assert metrics["dynamic_sampling/groups_filtered"] == 2.0 and metrics["dynamic_sampling/extra_groups"] == 2.0
         assert metrics["dynamic_sampling/useful_share"] == 0.5 and metrics["dynamic_sampling/fallback"] == 0.0
-    assert trainer.history[-1]["buffer/groups_filtered"] == 4.0 and trainer.history[-1]["rollout/groups_filtered"] == 4.0
+    assert trainer.history[-1]["buffer/groups_filtered"] == 4.0 and trainer.history[-1]["rollout/extra_groups_started"] == 4.0
 
 
 def test_sync_trainer_fallback_fills_with_zero_advantage_groups(tmp_path):

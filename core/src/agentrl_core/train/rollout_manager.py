@@ -83,7 +83,6 @@ class RolloutManager:
         self._progress = anyio.Event()
         self.dropped_groups: list[str] = []
         self.groups_dropped = 0
-        self.groups_filtered = 0
         self.extra_groups_started = 0
         self.max_consecutive_drops = max_consecutive_drops
         self.drops_in_a_row = 0
@@ -237,7 +236,6 @@ class RolloutManager:
                 await anyio.sleep(min(self.retry_backoff * 2 ** (attempt - 1), 30.0))
                 continue
             if result is AddResult.GROUP_FILTERED:
-                self.groups_filtered += 1
                 self.notify_step()  # like a dropped group, it frees its place under the staleness bound
             if result is AddResult.GROUP_DROPPED:
                 self.counters["groups_dropped"] += 1
@@ -257,9 +255,8 @@ class RolloutManager:
         out = {f"rollout/{k}": float(v) for k, v in self.counters.items()}
         out["rollout/in_flight"] = float(self.in_flight)
         out["rollout/groups_started"] = float(self.groups_started)
-        if self.buffer.filter_equal_rewards:
-            out["rollout/groups_filtered"] = float(self.groups_filtered)
-            out["rollout/extra_groups_started"] = float(self.extra_groups_started)  # sync mode's rounds
+        if self.buffer.filter_equal_rewards:  # sync mode's rounds; what was filtered is the buffer's count
+            out["rollout/extra_groups_started"] = float(self.extra_groups_started)
         total = sum(self.statuses.values())
         for status, n in self.statuses.items():
             out[f"rollout/status/{status}"] = float(n)
