@@ -16,6 +16,7 @@ import anyio
 
 
 def test_sync_batch_through_the_real_rollout_manager(tiny_model_dir):
+    from agentrl_plugin_example.env import CalcConfig, CalcEnvironment
     from transformers import AutoTokenizer
 
     from agentrl_core.engine.process import BackgroundEngine
@@ -28,7 +29,6 @@ def test_sync_batch_through_the_real_rollout_manager(tiny_model_dir):
     from agentrl_core.train.buffer import GroupBuffer
     from agentrl_core.train.rollout_manager import RolloutManager
     from agentrl_core.train.task_stream import StreamTask, TaskStream
-    from agentrl_plugin_example.env import CalcConfig, CalcEnvironment
 
     batch_groups, n, max_extra = 2, 2, 2
     env = CalcEnvironment(CalcConfig(compact_prompt=True))
