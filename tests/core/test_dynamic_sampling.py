@@ -82,11 +82,11 @@ def test_without_filtering_equal_rewards_reach_the_learner():
 def test_get_waits_for_useful_groups_until_the_bound_then_fills():
     async def main():
         # ask 2 groups of 2, at most 1 extra: the wait ends when 3 groups have completed
-        buf = GroupBuffer(n_samples=2, max_size=8, filter_equal_rewards=True)
+        buf = GroupBuffer(n_samples=2, max_size=8, filter_equal_rewards=True, max_extra_groups=1)
         got = []
 
         async def learner():
-            got.append(await buf.get(minimum=4, max_extra_groups=1))
+            got.append(await buf.get(minimum=4))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(learner)
@@ -115,11 +115,11 @@ def test_get_waits_for_useful_groups_until_the_bound_then_fills():
 
 def test_useful_fallback_trains_the_useful_groups_alone():
     async def main():
-        buf = GroupBuffer(n_samples=2, max_size=8, filter_equal_rewards=True, fallback="useful")
+        buf = GroupBuffer(n_samples=2, max_size=8, filter_equal_rewards=True, max_extra_groups=1, fallback="useful")
         add_group(buf, "u1", [0.0, 1.0])
         add_group(buf, "f1", [0.0, 0.0])
         add_group(buf, "f2", [1.0, 1.0])
-        batch = await buf.get(minimum=4, max_extra_groups=1)
+        batch = await buf.get(minimum=4)
         assert ids(batch) == ["u1"]
         assert buf.last_take == TakeStats(asked=2, useful=1, filtered=2, filled=0, fallback=True)
         assert buf.take_spent() == ["f1", "f2"]
@@ -131,10 +131,10 @@ def test_useful_fallback_trains_the_useful_groups_alone():
 def test_a_step_is_never_empty(fallback):
     async def main():
         # nothing useful at all: both fallbacks fill, the most recent groups first
-        buf = GroupBuffer(n_samples=2, max_size=8, filter_equal_rewards=True, fallback=fallback)
+        buf = GroupBuffer(n_samples=2, max_size=8, filter_equal_rewards=True, max_extra_groups=1, fallback=fallback)
         for g in ("f1", "f2", "f3"):
             assert add_group(buf, g, [0.0, 0.0]) is AddResult.GROUP_FILTERED
-        batch = await buf.get(minimum=4, max_extra_groups=1)
+        batch = await buf.get(minimum=4)
         assert ids(batch) == ["f2", "f3"]
         assert buf.last_take == TakeStats(asked=2, useful=0, filtered=3, filled=2, fallback=True)
         assert buf.last_take.useful_share == 0.0
@@ -163,6 +163,33 @@ def test_take_ready_falls_back_without_waiting_and_aligns_to_the_unit():
     assert buf.stats().fallback_hits == 3 and buf.take_spent() == []
 
 
+def test_admission_counts_filtered_groups_within_the_bound():
+    async def main():
+        # 4 trajectories make the buffer full; with 1 extra group allowed, 6 completed for the step
+        buf = GroupBuffer(n_samples=2, max_size=4, filter_equal_rewards=True, max_extra_groups=1)
+        admitted = []
+
+        async def start(group):
+            await buf.admit(group)
+            admitted.append(group)
+
+        for g in ("f1", "f2"):
+            await buf.admit(g)
+            add_group(buf, g, [0.0, 0.0])
+        assert buf.has_room()  # 4 filtered < 4 + 2
+        await buf.admit("u1")
+        add_group(buf, "u1", [0.0, 1.0])
+        assert not buf.has_room()  # 2 ready + 4 filtered: a producer whose groups are filtered stops here
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(start, "g")
+            await wait_all_tasks_blocked()
+            assert admitted == []
+            assert ids(await buf.get(minimum=4)) == ["f2", "u1"]  # the bound is hit at once: fill
+        assert admitted == ["g"]  # the take cleared the step's count
+
+    run(main)
+
+
 def test_set_aside_groups_beyond_any_fill_are_spent_at_once():
     buf = GroupBuffer(n_samples=2, max_size=4, filter_equal_rewards=True)
     for g in ("f1", "f2", "f3"):
@@ -175,6 +202,9 @@ def test_set_aside_groups_beyond_any_fill_are_spent_at_once():
 def test_filtering_needs_groups_of_two():
     with pytest.raises(ValueError, match="at least 2 samples"):
         GroupBuffer(n_samples=1, max_size=4, filter_equal_rewards=True)
+    with pytest.raises(ValueError, match="max_extra_groups must be >= 0"):
+        GroupBuffer(n_samples=2, max_size=4, filter_equal_rewards=True, max_extra_groups=-1)
+    assert GroupBuffer(n_samples=2, max_size=4, max_extra_groups=3).max_extra_groups == 0  # no filter: no extra
     with pytest.raises(ValueError, match="'fill' or 'useful'"):
         GroupBuffer(n_samples=2, max_size=4, filter_equal_rewards=True, fallback="drop")
 
@@ -212,9 +242,9 @@ class RewardLoop:
         )
 
 
-def make(loop, *, n=2, batch_groups=4, max_size=64, fallback="fill", bound=None, step=lambda: 0):
+def make(loop, *, max_extra, n=2, batch_groups=4, max_size=64, fallback="fill", bound=None, step=lambda: 0):
     stream = TaskStream([StreamTask("t", "env", "s", tuple(range(100)))], n_samples=n, seed=0)
-    buffer = GroupBuffer(n, max_size, filter_equal_rewards=True, fallback=fallback)
+    buffer = GroupBuffer(n, max_size, filter_equal_rewards=True, max_extra_groups=max_extra, fallback=fallback)
     manager = RolloutManager(agent_loop=loop, buffer=buffer, stream=stream, concurrency=8, batch_groups=batch_groups,
                              staleness_bound=bound, learner_step=step, retry_backoff=0.01)
     return manager, buffer, stream
@@ -225,8 +255,8 @@ def mixed_if_odd(seq, sample):
 
 
 def test_sync_rounds_fill_the_batch_sized_by_the_useful_share():
-    manager, buffer, stream = make(RewardLoop(mixed_if_odd))
-    anyio.run(lambda: manager.run_batch(4, max_extra=8))
+    manager, buffer, stream = make(RewardLoop(mixed_if_odd), max_extra=8)
+    anyio.run(manager.run_batch, 4)
     # round 1: groups 0..3, 2 useful, 2 filtered; share 1/2: ceil(2 missing x 4 / 2) = 4 more (not 2)
     assert manager.groups_started == 8 and manager.extra_groups_started == 4 and buffer.stats().groups_filtered == 4
     batch = buffer.take_ready(4 * 2)
@@ -240,8 +270,8 @@ def test_sync_rounds_fill_the_batch_sized_by_the_useful_share():
 
 
 def test_sync_rounds_stop_at_the_bound_and_the_fallback_fills():
-    manager, buffer, stream = make(RewardLoop(lambda seq, sample: 0.0), batch_groups=2)
-    anyio.run(lambda: manager.run_batch(2, max_extra=3))
+    manager, buffer, stream = make(RewardLoop(lambda seq, sample: 0.0), batch_groups=2, max_extra=3)
+    anyio.run(manager.run_batch, 2)
     # nothing useful: rounds of a batch (2), then the 1 left under the bound
     assert manager.groups_started == 5 and manager.extra_groups_started == 3
     batch = buffer.take_ready(2 * 2)
@@ -252,20 +282,20 @@ def test_sync_rounds_stop_at_the_bound_and_the_fallback_fills():
 
 
 def test_sync_without_extra_budget_runs_exactly_one_batch():
-    manager, buffer, _ = make(RewardLoop(mixed_if_odd))
-    anyio.run(lambda: manager.run_batch(4, max_extra=0))
+    manager, buffer, _ = make(RewardLoop(mixed_if_odd), max_extra=0)
+    anyio.run(manager.run_batch, 4)
     assert manager.groups_started == 4
     assert ids(buffer.take_ready(8))[0][:8] == "00000000"  # 2 useful + 2 filled
     assert buffer.last_take == TakeStats(asked=4, useful=2, filtered=2, filled=2, fallback=True)
 
 
 def test_async_learner_gets_only_useful_groups_while_the_bound_allows():
-    manager, buffer, _ = make(RewardLoop(mixed_if_odd, delay=0.001), batch_groups=2)
+    manager, buffer, _ = make(RewardLoop(mixed_if_odd, delay=0.001), batch_groups=2, max_extra=100)
 
     async def main():
         async with anyio.create_task_group() as tg:
             tg.start_soon(manager.run_forever)
-            batch = await buffer.get(2 * 2, max_extra_groups=100)
+            batch = await buffer.get(2 * 2)
             tg.cancel_scope.cancel()
         return batch
 
@@ -278,12 +308,12 @@ def test_async_learner_gets_only_useful_groups_while_the_bound_allows():
 def test_filtered_groups_give_their_place_under_the_staleness_bound_back():
     # bound 0, batches of 2 groups: 2 groups may start at version 0. Every group is filtered; if
     # they kept their places, the producer would stop at 2 and the learner would wait forever
-    manager, buffer, _ = make(RewardLoop(lambda seq, sample: 1.0), batch_groups=2, bound=0)
+    manager, buffer, _ = make(RewardLoop(lambda seq, sample: 1.0), batch_groups=2, bound=0, max_extra=3)
 
     async def main():
         async with anyio.create_task_group() as tg:
             tg.start_soon(manager.run_forever)
-            batch = await buffer.get(2 * 2, max_extra_groups=3)
+            batch = await buffer.get(2 * 2)
             tg.cancel_scope.cancel()
         return batch
 
@@ -382,3 +412,20 @@ def test_groups_of_one_cannot_be_filtered(tmp_path):
                               validate_plugins=False)
     with pytest.raises(ConfigError, match="rollout.dynamic_sampling.enabled needs rollout.n_samples >= 2"):
         Trainer(config)
+
+
+def test_async_producer_stops_when_every_group_is_filtered():
+    # nobody takes: without counting filtered groups at admission the producer would run through
+    # the task stream forever; with it, it stops at max_size + the bound: 8 + 2 x 2 trajectories =
+    # 6 groups, overshot by at most the groups admitted while others ran (4 slots in flight)
+    manager, buffer, stream = make(RewardLoop(lambda seq, sample: 0.0), batch_groups=2, max_size=8, max_extra=2)
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(manager.run_forever)
+            await wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()
+
+    run(main)
+    assert buffer.stats().groups_filtered == manager.groups_started
+    assert 6 <= manager.groups_started < 6 + 4

@@ -34,7 +34,7 @@ def test_sync_batch_through_the_real_rollout_manager(tiny_model_dir):
     env = CalcEnvironment(CalcConfig(compact_prompt=True))
     env_client = LocalEnvClient({"calc-train": (env, "train")})
     stream = TaskStream([StreamTask("calc-train", "calc", "train", tuple(range(16)))], n_samples=n, seed=5)
-    buffer = GroupBuffer(n, 4 * batch_groups * n, filter_equal_rewards=True, fallback="fill")
+    buffer = GroupBuffer(n, 4 * batch_groups * n, filter_equal_rewards=True, max_extra_groups=max_extra, fallback="fill")
     settings = LoopSettings(max_turns=2, max_total_len=768, max_new_tokens=16, temperature=1.0)
 
     async def main(url):
@@ -45,7 +45,7 @@ def test_sync_batch_through_the_real_rollout_manager(tiny_model_dir):
             manager = RolloutManager(agent_loop=loop, buffer=buffer, stream=stream, concurrency=4,
                                      batch_groups=batch_groups)
             with anyio.fail_after(300):
-                await manager.run_batch(batch_groups, max_extra=max_extra)
+                await manager.run_batch(batch_groups)
             return manager
 
     with BackgroundEngine(EngineServer(tiny_model_dir, max_running_requests=4, dtype="float32")) as engine:

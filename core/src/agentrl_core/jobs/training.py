@@ -252,8 +252,8 @@ class Trainer:
         dynamic = c.rollout.dynamic_sampling
         self.buffer = GroupBuffer(c.rollout.n_samples, max(batch_traj, math.ceil(c.rollout.buffer_max_factor * batch_traj)),
                                   max_infra_retries=c.rollout.max_infra_retries,
-                                  filter_equal_rewards=dynamic.enabled, fallback=dynamic.fallback)
-        self.max_extra_groups = dynamic.max_extra_groups(c.rollout.batch_size) if dynamic.enabled else None
+                                  filter_equal_rewards=dynamic.enabled, fallback=dynamic.fallback,
+                                  max_extra_groups=dynamic.max_extra_groups(c.rollout.batch_size))
         self.agent_loop = agent_loop
         self.manager = RolloutManager(
             agent_loop=agent_loop, buffer=self.buffer, stream=self.stream, concurrency=c.rollout.concurrency,
@@ -287,7 +287,7 @@ class Trainer:
                 t0 = time.monotonic()
                 minimum = warmup_minimum(batch, c.rollout.warmup_factor, c.rollout.n_samples) if first else batch
                 with anyio.CancelScope() as self._wait_scope:
-                    trajectories = await self.buffer.get(minimum, max_extra_groups=self.max_extra_groups)
+                    trajectories = await self.buffer.get(minimum)
                 if self._wait_scope.cancel_called:
                     break
                 first = False
@@ -312,7 +312,7 @@ class Trainer:
         while self.step < c.train.total_steps and not self.stop_requested:
             t0 = time.monotonic()
             with anyio.CancelScope() as self._wait_scope:  # groups cut short are issued again on resume
-                await self.manager.run_batch(c.rollout.batch_size, max_extra=self.max_extra_groups or 0)
+                await self.manager.run_batch(c.rollout.batch_size)
             if self._wait_scope.cancel_called:
                 break
             # every ready group (dynamic sampling's rounds may bring a few more useful ones than the

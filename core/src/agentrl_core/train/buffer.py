@@ -33,9 +33,12 @@ The consumer's side: ``await buffer.get(minimum, multiple)`` waits until at leas
 Dynamic sampling (DAPO; ``filter_equal_rewards=True``): a group whose members all got the
 same training reward carries no advantage signal, so when it completes it is *set aside*
 instead of becoming ready (``add`` answers ``GROUP_FILTERED``), and the producer keeps
-generating. ``get(..., max_extra_groups=k)`` then also stops waiting once the groups
-completed since the previous take (ready plus set aside) reach the ask plus ``k``: the
-bound on extra generation. A take short of its ask after that is a *fallback*, counted:
+generating. ``max_extra_groups`` (``k``) bounds that extra generation on both sides: ``get``
+also stops waiting once the groups completed since the previous take (ready plus set
+aside) reach the ask plus ``k``, and ``admit`` counts the groups set aside since the
+previous take against ``max_size`` raised by ``k`` groups, so a producer whose groups are
+all filtered stops instead of running through the task stream while the learner trains.
+A take short of its ask after that is a *fallback*, counted:
 ``fallback="fill"`` tops the batch up with the most recent set-aside groups (their
 advantage is 0 under GRPO/RLOO: that step trains as if nothing were filtered);
 ``"useful"`` trains the useful groups alone, and fills only when there is none, so a
@@ -150,13 +153,17 @@ class GroupBuffer:
             group is dropped.
         filter_equal_rewards: dynamic sampling: set aside groups whose training rewards are
             all equal (``rollout.dynamic_sampling.enabled``).
+        max_extra_groups: with filtering, the groups a take may wait for beyond its ask, set-aside
+            ones included; also added to ``max_size`` for admission
+            (``ceil(rollout.dynamic_sampling.max_extra_factor x batch_size)``).
         fallback: what a take short of its ask does once the bound on extra groups is hit:
             ``fill`` (with set-aside groups) or ``useful`` (the useful groups alone, filled
             only when there is none) (``rollout.dynamic_sampling.fallback``).
     """
 
     def __init__(self, n_samples: int, max_size: int, *, max_infra_retries: int = 2,
-                 filter_equal_rewards: bool = False, fallback: Literal["fill", "useful"] = "fill") -> None:
+                 filter_equal_rewards: bool = False, max_extra_groups: int = 0,
+                 fallback: Literal["fill", "useful"] = "fill") -> None:
         if n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
         if max_size < n_samples:
@@ -166,9 +173,12 @@ class GroupBuffer:
         if filter_equal_rewards and n_samples < 2:
             raise ValueError("filtering groups with equal rewards needs groups of at least 2 samples; a group of one "
                              "always has equal rewards")
+        if max_extra_groups < 0:
+            raise ValueError(f"max_extra_groups must be >= 0, got {max_extra_groups}")
         if fallback not in ("fill", "useful"):
             raise ValueError(f"fallback must be 'fill' or 'useful', got {fallback!r}")
         self.filter_equal_rewards = filter_equal_rewards
+        self.max_extra_groups = max_extra_groups if filter_equal_rewards else 0
         self.fallback = fallback
         self.n_samples = n_samples
         self.max_size = max_size
@@ -195,7 +205,9 @@ class GroupBuffer:
         return self._ready_trajectories + self._pending_trajectories
 
     def has_room(self) -> bool:
-        return self.completed_unconsumed < self.max_size
+        # groups filtered since the last take were generated for the coming step, within its bound
+        filtered = self._filtered_since_take * self.n_samples
+        return self.completed_unconsumed + filtered < self.max_size + self.max_extra_groups * self.n_samples
 
     async def admit(self, group_id: str) -> None:
         """Wait until a new group may start; members of an admitted group pass at once."""
@@ -253,17 +265,17 @@ class GroupBuffer:
 
     # -- consumer side --------------------------------------------------------------
 
-    async def get(self, minimum: int, multiple: int = 1, *, max_extra_groups: int | None = None) -> list[Trajectory]:
+    async def get(self, minimum: int, multiple: int = 1) -> list[Trajectory]:
         """Wait for ``minimum`` ready trajectories; take all ready groups, lcm-aligned.
 
         The number taken is the largest multiple of ``lcm(n_samples, multiple)`` that the
         ready trajectories allow (at least ``minimum``). Raises :class:`BufferClosed` if
-        the buffer is closed before that many are ready. With dynamic sampling,
-        ``max_extra_groups`` bounds the groups completed beyond the ask (set-aside ones
-        included); reaching it ends the wait with a fallback take (see the module).
+        the buffer is closed before that many are ready. With dynamic sampling, the wait
+        also ends once ``max_extra_groups`` groups beyond the ask have completed (set-aside
+        ones included), with a fallback take (see the module).
         """
         unit, need = self._ask(minimum, multiple)
-        while self._ready_trajectories < need and not self._extra_bound_hit(need, max_extra_groups):
+        while self._ready_trajectories < need and not self._extra_bound_hit(need):
             self._check_open()
             event = self._changed
             await event.wait()
@@ -331,11 +343,11 @@ class GroupBuffer:
             )
         return unit, need
 
-    def _extra_bound_hit(self, need: int, max_extra_groups: int | None) -> bool:
-        if not self.filter_equal_rewards or max_extra_groups is None:
+    def _extra_bound_hit(self, need: int) -> bool:
+        if not self.filter_equal_rewards:
             return False
         completed = len(self._ready) + self._filtered_since_take
-        return completed * self.n_samples >= need + max_extra_groups * self.n_samples
+        return completed * self.n_samples >= need + self.max_extra_groups * self.n_samples
 
     def _take(self, need: int, unit: int) -> list[Trajectory]:
         take = self._ready_trajectories // unit * unit

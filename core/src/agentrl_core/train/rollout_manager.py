@@ -18,8 +18,8 @@ Dynamic sampling (the buffer's ``filter_equal_rewards``): a group whose rewards 
 equal is set aside by the buffer (``GROUP_FILTERED``); like a dropped group it gives its
 place under the staleness bound back. In async mode the producer simply keeps going (the
 learner's ``get`` bounds the extra groups per step); in sync mode :meth:`run_batch` runs
-more groups in rounds until the batch has its useful groups or ``max_extra`` more groups
-have run. Each round is sized by the useful share seen so far, so a batch at a 50 % share
+more groups in rounds until the batch has its useful groups or the buffer's
+``max_extra_groups`` more groups have run. Each round is sized by the useful share seen so far, so a batch at a 50 % share
 takes about two rounds, not one round per halving of the gap; the rounds depend only on
 the rewards, so production stays deterministic.
 """
@@ -144,12 +144,12 @@ class RolloutManager:
                 tg.start_soon(self._run_group, group)
         self._raise_if_open()
 
-    async def run_batch(self, count: int, *, max_extra: int = 0) -> None:
+    async def run_batch(self, count: int) -> None:
         """Sync mode: run ``count`` new groups; with dynamic sampling, then rounds of more until
-        ``count`` useful groups are ready or ``max_extra`` more groups have run. Raises
-        :class:`RolloutCircuitOpen`."""
+        ``count`` useful groups are ready or the buffer's ``max_extra_groups`` more groups have
+        run. Raises :class:`RolloutCircuitOpen`."""
         await self.run_groups(count)
-        extra = 0
+        extra, max_extra = 0, self.buffer.max_extra_groups
         while self.buffer.filter_equal_rewards and extra < max_extra:
             useful = self.buffer.ready_groups
             missing = count - useful
