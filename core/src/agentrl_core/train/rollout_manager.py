@@ -16,12 +16,13 @@ engine.
 
 Dynamic sampling (the buffer's ``filter_equal_rewards``): a group whose rewards are all
 equal is set aside by the buffer (``GROUP_FILTERED``); like a dropped group it gives its
-place under the staleness bound back. In async mode the producer simply keeps going (the
-learner's ``get`` bounds the extra groups per step); in sync mode :meth:`run_batch` runs
-more groups in rounds until the batch has its useful groups or the buffer's
-``max_extra_groups`` more groups have run. Each round is sized by the useful share seen so far, so a batch at a 50 % share
-takes about two rounds, not one round per halving of the gap; the rounds depend only on
-the rewards, so production stays deterministic.
+place under the staleness bound back. In async mode the producer keeps going as admission
+allows (the buffer counts set-aside groups against its cap raised by ``max_extra_groups``,
+and the learner's ``get`` stops waiting at the same bound); in sync mode :meth:`run_batch`
+runs more groups in rounds until the batch has its useful groups or ``max_extra_groups``
+more groups have run. Each round is sized by the useful share seen so far, so a batch at a
+50 % share takes about two rounds, not one round per halving of the gap; the rounds depend
+only on the rewards, so production stays deterministic.
 """
 
 from __future__ import annotations
