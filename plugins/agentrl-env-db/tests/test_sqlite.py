@@ -43,7 +43,7 @@ def test_oracle_on_every_split():
 
     std, dev, gen = anyio.run(main)
     assert set(std) == set(SQLITE_STD_MISSES)
-    assert "unrecognized token" in std[180].messages[-3]["content"]
+    assert "unrecognized token" in std[180].messages[-2]["content"]
     assert dev == {} and gen == {}
 
 
@@ -106,7 +106,7 @@ def test_mysql_literals_and_collation():
 
 def test_bad_turns_continue_and_wrong_answers_score_zero():
     async def main():
-        env = DBEnvironment()
+        env = DBEnvironment(DBConfig(tool_arguments="strict"))
         session = await _session(env)
         try:
             bad = await session.step({"role": "assistant", "content": "",

@@ -27,6 +27,10 @@ class DBConfig:
     backend: Literal["sqlite", "mysql"] = "sqlite"
     url: str | None = None
     max_rounds: int = field(default=15, validator=in_range(1))
+    # How tool calls are read: "upstream" (AgentBench-FC's task: the first argument value whatever
+    # its key), "strict" (the schemas; a call that breaks them gets the reason), "auto" (upstream
+    # for std and dev, strict for the training sets).
+    tool_arguments: Literal["auto", "upstream", "strict"] = "auto"
     concurrency: int = field(default=64, validator=in_range(1))
     # One SQL statement may run this long before it is stopped (upstream: 60 s).
     query_timeout: float = field(default=60.0, validator=in_range(0, lo_open=True))

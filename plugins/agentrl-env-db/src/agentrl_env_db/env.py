@@ -3,9 +3,15 @@
 Per episode: a fresh database holding the sample's table; the system prompt and the user
 question of upstream; tools ``execute_sql(query)`` and ``commit_final_answer(answers)``;
 15 rounds. ``execute_sql`` answers with ``str(rows)`` (or the database's error text) cut at
-800 characters. ``commit_final_answer`` ends the episode with reward 1 or 0: SELECT-type
-answers are compared with the label after upstream's normalization; INSERT/UPDATE/DELETE
-tasks compare an MD5 over the whole table with the stored hash (the answer is ignored).
+800 characters. ``commit_final_answer`` ends the episode with reward 1 or 0 and, as upstream,
+no further message: SELECT-type answers are compared with the label after upstream's
+normalization; INSERT/UPDATE/DELETE tasks compare an MD5 over the whole table with the stored
+hash (the answer is ignored).
+
+Tool arguments (``tool_arguments`` in the config): ``upstream`` (default for std and dev) reads
+a turn as upstream's task does (:mod:`agentrl_env_db.upstream`: the first argument value
+whatever its key); ``strict`` (default for the training sets) checks the arguments against the
+schemas and answers a call that breaks them with the reason.
 
 Index sets: ``std`` (standard.jsonl, 300), ``dev`` (dev.jsonl, 60 less one unusable
 sample), ``gen-train`` (tasks generated over the dev tables ``std`` does not use) and,
@@ -16,21 +22,24 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
 import anyio
 
-from agentrl_core.env import Environment, Status, Step, ToolCall, ToolSession, function_tool, tool_result
+from agentrl_core.env import BadTurn, Environment, Status, Step, ToolCall, ToolSession, function_tool, tool_result
 from agentrl_core.types import Index, Message
 from agentrl_env_db import tasks as tasks_mod
+from agentrl_env_db import upstream
 from agentrl_env_db.backend import Backend, Handle
 from agentrl_env_db.config import DBConfig
 from agentrl_env_db.scoring import compare_results
 from agentrl_env_db.tasks import SYSTEM_PROMPT, DBTask
 
 log = logging.getLogger(__name__)
+
+UPSTREAM_SPLITS = frozenset({"std", "dev"})  # tool_arguments "auto" reads these turns as upstream
 
 TOOLS = [
     function_tool(
@@ -70,7 +79,9 @@ class DBSession(ToolSession):
         self.env = env
         self.task = task
         self.handle: Handle | None = None
-        self.counts = {"sql_calls": 0, "sql_errors": 0, "sql_timeouts": 0, "capped_reads": 0}
+        mode = env.config.tool_arguments
+        self.upstream = mode == "upstream" or (mode == "auto" and task.split in UPSTREAM_SPLITS)
+        self.counts = {"sql_calls": 0, "sql_errors": 0, "sql_timeouts": 0, "capped_reads": 0, "lenient_calls": 0}
 
     async def on_start(self) -> Step:
         self.handle = await self.env.create_handle(self.task)
@@ -82,31 +93,86 @@ class DBSession(ToolSession):
         )
 
     async def on_tool_call(self, call: ToolCall, message: Message) -> Step:
-        assert self.handle is not None
         if call.name == "execute_sql":
-            query = call.arguments["query"]
-            try:
-                query.encode("utf-8")
-            except UnicodeEncodeError as exc:  # e.g. a lone surrogate from a JSON "\ud800" escape
-                self.counts["sql_errors"] += 1
-                return Step([tool_result(call, f"Error: the query is not valid text ({exc.reason} at position {exc.start}).")])
-            result = await self.handle.execute(query)
-            self.counts["sql_calls"] += 1
-            self.counts["sql_errors"] += int(result.error)
-            self.counts["sql_timeouts"] += int(result.timed_out)
-            self.counts["capped_reads"] += int(result.capped)
-            return Step([tool_result(call, result.text or "No response from database.")])
-        answers = call.arguments["answers"]
+            return Step([tool_result(call, await self._execute(call.arguments["query"]))])
+        return await self._commit(call.arguments["answers"])
+
+    async def on_bad_turn(self, bad: BadTurn, message: Message) -> Step:
+        """In upstream mode, the turn as upstream's task reads it (:mod:`agentrl_env_db.upstream`)."""
+        if not self.upstream or not isinstance(message, Mapping) or message.get("role", "assistant") != "assistant":
+            return Step(bad.observation)
+        call = upstream.first_call(message)
+        if call is None:
+            return Step([{"role": "user", "content": upstream.NO_TOOL_CALL}])
+
+        def reply(content: str) -> Step:
+            return Step([{"role": "tool", "tool_call_id": call.call_id, "content": content}])
+
+        if not call.parsed:
+            return reply(upstream.PARSE_ERROR)
+        if call.name not in ("execute_sql", "commit_final_answer"):
+            return reply(upstream.INVALID_FUNCTION)
+        try:
+            value = upstream.first_value(call.arguments)
+        except upstream.Unreadable as exc:
+            if call.name == "execute_sql":
+                return reply(f"Error executing query: {exc}")
+            return self._upstream_task_error(f"commit_final_answer: {exc}")
+        if call.name == "execute_sql":
+            observation = upstream.driver_answer(value)
+            if observation is not None:
+                self.counts["sql_errors"] += int(bool(value))
+                return reply(observation)
+        elif upstream.answer_crashes(value):
+            return self._upstream_task_error(f"commit_final_answer: an answer of type {type(value).__name__}")
+        # Upstream runs this call as if it had followed the schema: not a bad turn after all.
+        self.invalid_turns -= 1
+        self.counts["lenient_calls"] += 1
+        if call.name == "execute_sql":
+            return reply(await self._execute(value))
+        return await self._commit(value)
+
+    async def _execute(self, query: Any) -> str:
+        assert self.handle is not None
+        if self.upstream and query == "":  # upstream's driver runs nothing for an empty statement
+            return "[]"
+        try:
+            query.encode("utf-8")
+        except UnicodeEncodeError as exc:  # e.g. a lone surrogate from a JSON "\ud800" escape
+            self.counts["sql_errors"] += 1
+            return f"Error: the query is not valid text ({exc.reason} at position {exc.start})."
+        result = await self.handle.execute(query)
+        self.counts["sql_calls"] += 1
+        self.counts["sql_errors"] += int(result.error)
+        self.counts["sql_timeouts"] += int(result.timed_out)
+        self.counts["capped_reads"] += int(result.capped)
+        return result.text or "No response from database."
+
+    async def _commit(self, answers: Any) -> Step:
+        assert self.handle is not None
         if self.task.is_modification:
             got: Any = await self.handle.table_hash()
         else:
             got = answers
         correct = compare_results(got, self.task.answer, self.task.kind)
         return Step(
-            [tool_result(call, "Answer committed.")],
+            [],  # upstream sends nothing after the final answer
             status=Status.COMPLETED,
             reward=1.0 if correct else 0.0,
             metrics={"correct": correct, "type": self.task.kind},
+        )
+
+    def _upstream_task_error(self, why: str) -> Step:
+        """A final answer upstream's task crashes on (``task error`` there, reward 0).
+
+        Here the episode ends the same way but as the agent failure it is: in agentrl ``task
+        error`` means broken infrastructure, which evaluation leaves out of its denominators.
+        """
+        return Step(
+            [],
+            status=Status.AGENT_INVALID_ACTION,
+            reward=0.0,
+            metrics={"correct": False, "type": self.task.kind, "upstream_status": "task error", "upstream_error": why},
         )
 
     def metrics(self) -> dict[str, Any]:
