@@ -80,7 +80,7 @@ def test_a_command_past_the_time_limit_is_reported_and_the_episode_continues(mak
 
 
 def test_round_limit_and_bad_turns(make_env):
-    env = make_env(round_limit=3)
+    env = make_env(round_limit=3, tool_arguments="strict")
 
     async def main():
         session = await env.open("std", PLAIN)

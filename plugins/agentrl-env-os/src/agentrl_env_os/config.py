@@ -40,6 +40,10 @@ class OSConfig:
     #: limit above dockerd's own needs CAP_SYS_RESOURCE where dockerd runs.
     open_files: int | None = field(default=None, validator=in_range(64))
     round_limit: int = field(default=8, validator=in_range(1))
+    #: How tool calls are read: "upstream" (AgentBench-FC's task: the first argument value whatever
+    #: its key; ``finish_action {}`` is scored), "strict" (the schemas; a call that breaks them gets
+    #: the reason), "auto" (upstream for std and dev, strict for train).
+    tool_arguments: Literal["auto", "upstream", "strict"] = "auto"
     #: Seconds an agent's command may run before it is interrupted (the episode continues).
     command_timeout_s: float = field(default=30.0, validator=in_range(0, lo_open=True))
     #: Seconds to wait for the prompt after Ctrl-C before the shell is restarted.

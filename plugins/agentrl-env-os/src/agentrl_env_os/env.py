@@ -8,6 +8,12 @@ used: ``bash_action(script)`` types the script into the persistent shell and ret
 ``The output of the OS:\\n\\n<output>`` (truncated past 800 characters); ``answer_action`` and
 ``finish_action`` end the episode and evaluate (``finish_action``'s thought is the answer,
 as upstream). 8 rounds. The container is removed when the session closes, whatever happened.
+
+Tool arguments (``tool_arguments`` in the config): ``upstream`` (default for std and dev) reads
+a turn as upstream's task does (:mod:`agentrl_env_os.upstream`: the first argument value
+whatever its key; ``finish_action {}`` commits no answer and is scored); ``strict`` (default for
+the training sets) checks the arguments against the schemas and answers a call that breaks
+them with the reason.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any
 
 import anyio
 
-from agentrl_core.env import BadTurn, Environment, Status, Step, ToolCall, ToolSession, function_tool, tool_result
+from agentrl_core.env import BadTurn, Environment, Status, Step, ToolCall, ToolSession, function_tool
 from agentrl_core.errors import EnvError
 from agentrl_core.types import Index, Message
 from agentrl_env_os.config import OSConfig
@@ -29,6 +35,7 @@ from agentrl_env_os.evaluate import ScriptTimeout, evaluate, run_script
 from agentrl_env_os.images import image_ref
 from agentrl_env_os.pool import WarmPool
 from agentrl_env_os.shell import InteractiveShell, ShellResult, clean_output
+from agentrl_env_os import upstream
 from agentrl_env_os.tasks import SPLITS, Task, load_split
 
 log = logging.getLogger(__name__)
@@ -45,6 +52,7 @@ Always use a tool provided instead of simply responding with content."""
 
 USER_PROMPT = "Now, I will start a new problem in a new OS. My problem is:\n\n{description}"
 NO_TOOL_CALL = "No executable tool calls found. Please call a tool instead"
+UPSTREAM_SPLITS = frozenset({"std", "dev"})  # tool_arguments "auto" reads these turns as upstream
 
 TOOLS = [
     function_tool(
@@ -109,7 +117,9 @@ class OSSession(ToolSession):
         self.name = f"agentrl-os-{uuid.uuid4().hex[:16]}"  # container name: found again even if creation is cancelled
         self.container_id: str | None = None
         self.shell: InteractiveShell | None = None
-        self.stats: dict[str, Any] = {"commands": 0, "command_timeouts": 0}
+        self.stats: dict[str, Any] = {"commands": 0, "command_timeouts": 0, "lenient_calls": 0}
+        mode = env.config.tool_arguments
+        self.upstream = mode == "upstream" or (mode == "auto" and task.split in UPSTREAM_SPLITS)
 
     def metrics(self) -> dict[str, Any]:
         extra = {"shell_restarts": self.shell.restarts if self.shell else 0}
@@ -162,13 +172,41 @@ class OSSession(ToolSession):
         )
 
     async def on_tool_call(self, call: ToolCall, message: Message) -> Step:
-        assert self.shell is not None and self.container_id is not None
         if call.name == "bash_action":
-            result = await self.shell.run(call.arguments["script"])
-            self.stats["commands"] += 1
-            self.stats["command_timeouts"] += int(result.timed_out)
-            return Step([tool_result(call, format_observation(result, self.env.config))])
+            return await self._bash(call.id, call.arguments["script"])
         answer = call.arguments["answer"] if call.name == "answer_action" else call.arguments["thought"]
+        return await self._commit(call.name, answer)
+
+    async def on_bad_turn(self, bad: BadTurn, message: Message) -> Step:
+        if isinstance(message, Mapping) and not message.get("tool_calls"):
+            return Step([{"role": "user", "content": NO_TOOL_CALL}])
+        if not self.upstream or not isinstance(message, Mapping) or message.get("role", "assistant") != "assistant":
+            return Step(bad.observation)
+        action = upstream.read_turn(message)
+        if isinstance(action, upstream.Reply):
+            return Step([{"role": "tool", "tool_call_id": action.call_id, "content": action.content}])
+        if isinstance(action, upstream.Crash) or action is None:
+            return self._upstream_task_error(action.error if action else "no tool call")
+        # Upstream acts on this call as if it had followed the schema: not a bad turn after all.
+        self.invalid_turns -= 1
+        self.stats["lenient_calls"] += 1
+        if isinstance(action, upstream.Bash):
+            return await self._bash(action.call_id, action.script)
+        return await self._commit(action.name, action.answer)
+
+    async def _bash(self, call_id: str, script: Any) -> Step:
+        assert self.shell is not None
+        if not isinstance(script, str):  # upstream's Container.execute runs nothing for these
+            return Step([{"role": "tool", "tool_call_id": call_id, "content": "The output of the OS is empty."}])
+        result = await self.shell.run(script)
+        self.stats["commands"] += 1
+        self.stats["command_timeouts"] += int(result.timed_out)
+        return Step([{"role": "tool", "tool_call_id": call_id, "content": format_observation(result, self.env.config)}])
+
+    async def _commit(self, final_action: str, answer: Any) -> Step:
+        assert self.container_id is not None
+        if self.task.match is not None and upstream.match_crashes(answer, self.task.match):
+            return self._upstream_task_error(f"re.search on an answer of type {type(answer).__name__}")
         verdict = await evaluate(
             answer, self.task, self.env.backend, self.container_id, timeout=self.env.config.script_timeout_s
         )
@@ -176,13 +214,21 @@ class OSSession(ToolSession):
             [],  # upstream sends nothing after the final action
             status=Status.COMPLETED,
             reward=1.0 if verdict.success else 0.0,
-            metrics={"evaluation": self.task.evaluation_type, "verdict": verdict.detail, "final_action": call.name},
+            metrics={"evaluation": self.task.evaluation_type, "verdict": verdict.detail, "final_action": final_action},
         )
 
-    async def on_bad_turn(self, bad: BadTurn, message: Message) -> Step:
-        if isinstance(message, Mapping) and not message.get("tool_calls"):
-            return Step([{"role": "user", "content": NO_TOOL_CALL}])
-        return Step(bad.observation)
+    def _upstream_task_error(self, why: str) -> Step:
+        """A turn upstream's task raises on (``task error`` there, reward 0).
+
+        Here the episode ends the same way but as the agent failure it is: in agentrl ``task
+        error`` means broken infrastructure, which evaluation leaves out of its denominators.
+        """
+        return Step(
+            [],
+            status=Status.AGENT_INVALID_ACTION,
+            reward=0.0,
+            metrics={"evaluation": self.task.evaluation_type, "upstream_status": "task error", "upstream_error": why},
+        )
 
     async def on_close(self) -> None:
         with anyio.CancelScope(shield=True):
