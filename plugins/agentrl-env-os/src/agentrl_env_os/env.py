@@ -187,6 +187,8 @@ class OSSession(ToolSession):
             return Step([{"role": "tool", "tool_call_id": action.call_id, "content": action.content}])
         if isinstance(action, upstream.Crash) or action is None:
             return self._upstream_task_error(action.error if action else "no tool call")
+        if isinstance(action, upstream.Bash) and not isinstance(action.script, str):
+            return await self._bash(action.call_id, action.script)  # runs nothing: still a bad turn
         # Upstream acts on this call as if it had followed the schema: not a bad turn after all.
         self.invalid_turns -= 1
         self.stats["lenient_calls"] += 1
