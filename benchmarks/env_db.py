@@ -15,6 +15,15 @@ Measured, on MariaDB and on the embedded SQLite backend:
    server must hold no session database or user afterwards.
 
 The machine is shared: the load average before and after each phase is recorded.
+
+    python benchmarks/env_db.py --replay --transcripts DIR [--backends sqlite,mariadb] [--out PATH]
+
+replays AgentBench-FC run logs instead (``<model>/dbbench-std/runs.jsonl``, not part of this
+repository) through each backend with the lost turns restored (``agentrl_env_db.transcripts``),
+and once more trusting the log (``without_restoring``), and writes
+``benchmarks/results/env_db_replay.json``: per backend and model, the episodes whose every
+answer and outcome agree with upstream's, those whose answers agree, status and reward
+agreement.
 """
 
 from __future__ import annotations
@@ -247,7 +256,13 @@ def main() -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--url", help="an existing MySQL/MariaDB admin URL (default: start a private MariaDB)")
     p.add_argument("--out")
+    p.add_argument("--replay", action="store_true", help="replay run logs instead (see above)")
+    p.add_argument("--transcripts", help="with --replay: a folder of AgentBench-FC run logs")
+    p.add_argument("--backends", default="sqlite,mariadb", help="with --replay: which backends")
+    p.add_argument("--max-env-steps", type=int, default=400, help="with --replay: steps one search may take")
     args = p.parse_args()
+    if args.replay:
+        return replay_main(args)
     out = Path(args.out or ROOT / "benchmarks" / "results" / ("env_db_quick.json" if args.quick else "env_db.json"))
     server = None
     if args.url is None:
@@ -285,6 +300,91 @@ def main() -> int:
     _summary(results)
     print(f"wrote {out}")
     return 0
+
+
+def replay_main(args: argparse.Namespace) -> int:
+    from agentrl_env_db.transcripts import read_runs
+
+    if not args.transcripts:
+        raise SystemExit("--replay needs --transcripts DIR (a folder of AgentBench-FC run logs)")
+    transcripts = [t for t in read_runs(args.transcripts) if t.split == "std"]
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    out = Path(args.out or ROOT / "benchmarks" / "results" / "env_db_replay.json")
+    report: dict = {"benchmark": "env_db_replay",
+                    "parameters": {"transcripts": Path(args.transcripts).name, "max_env_steps": args.max_env_steps,
+                                   "episodes": len(transcripts)},
+                    "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                                "cpus": os.cpu_count(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds")},
+                    "load": {"start": load()}, "backends": {}}
+    server = None
+    try:
+        for backend in backends:
+            if backend == "sqlite":
+                config = DBConfig()
+            elif backend == "mariadb":
+                if args.url is None and server is None:
+                    from agentrl_env_db.server import PrivateMariaDB
+
+                    server = PrivateMariaDB()
+                    server.start()
+                config = DBConfig(backend="mysql", url=args.url or server.url)
+            else:
+                raise SystemExit(f"unknown backend {backend!r}; use sqlite and/or mariadb")
+            print(f"[{backend}] replaying {len(transcripts)} episodes ...", flush=True)
+            t0 = time.monotonic()
+            section = anyio.run(replay_backend, config, transcripts, args.max_env_steps, True)
+            section["seconds"] = round(time.monotonic() - t0, 1)
+            naive = anyio.run(replay_backend, config, transcripts, args.max_env_steps, False)
+            section["without_restoring"] = {"all": naive["all"], "models": naive["models"]}
+            report["backends"][backend] = section
+            report["load"][f"after_{backend}"] = load()
+    finally:
+        if server is not None:
+            server.stop()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    for backend, section in report["backends"].items():
+        for model, row in section["models"].items():
+            naive = section["without_restoring"]["models"][model]
+            print(f"{backend} {model}: agree {row['agree']}/{row['episodes']} (without restoring {naive['agree']}), "
+                  f"answers agree {row['observations_agree']}, status {row['status_agrees']}, "
+                  f"reward {row['reward_agrees']}, lost turns restored {row['lost_turns_restored']}")
+    print(f"load average: {report['load']}")
+    print(f"wrote {out}")
+    return 0
+
+
+async def replay_backend(config: DBConfig, transcripts: list, max_env_steps: int, restore: bool) -> dict:
+    from agentrl_env_db.transcripts import replay, summarize
+
+    env = DBEnvironment(config)
+    results = []
+    limiter = anyio.CapacityLimiter(8)
+
+    async def one(transcript) -> None:
+        async with limiter:
+            results.append(await replay(env, transcript, max_env_steps=max_env_steps, restore_lost_turns=restore))
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for transcript in transcripts:
+                tg.start_soon(one, transcript)
+    finally:
+        await env.aclose()
+    results.sort(key=lambda r: (r.transcript.model, r.transcript.index))
+    models = sorted({r.transcript.model for r in results})
+    causes: dict[tuple[str, str], int] = {}
+    for r in results:
+        if not r.agrees:
+            key = ((r.expected or "")[:70], (r.got or "")[:70])
+            causes[key] = causes.get(key, 0) + 1
+    top = sorted(causes.items(), key=lambda kv: -kv[1])[:25]
+    return {"all": summarize(results),
+            "models": {m: summarize(r for r in results if r.transcript.model == m) for m in models},
+            "first_differences": [{"episodes": n, "upstream": up, "ours": ours} for (up, ours), n in top],
+            "reward_differs": [[r.transcript.model, r.transcript.index, r.transcript.reward, r.reward]
+                               for r in results if r.reward != r.transcript.reward],
+            "differing_episodes": [[r.transcript.model, r.transcript.index, r.diverged_at] for r in results if not r.agrees]}
 
 
 async def _server_version(config: DBConfig) -> str:
