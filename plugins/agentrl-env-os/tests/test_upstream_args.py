@@ -152,3 +152,21 @@ def test_a_number_answers_a_match_task_wrongly_and_training_sets_stay_strict(mak
 
     step = anyio.run(train_turn)
     assert step.status is Status.RUNNING and "missing required argument 'thought'" in step.messages[0]["content"]
+
+
+@pytest.mark.docker
+def test_a_replay_restores_the_turns_the_log_lost(make_env):
+    from agentrl_env_os import fidelity
+
+    env = make_env(round_limit=3)
+    index = _std_index(env, "How many groups are in this UNIX system?")
+    # The recording client keeps a message only if its JSON text is new: of three identical turns
+    # (an ollama model's calls all have the id call_1) and their identical answers, one of each is left.
+    turn = _call("bash_action", '{"script": "echo hi"}')
+    episode = fidelity.RecordedEpisode("m", 0, "task limit reached", 0.0, "",
+                                       [turn, {"role": "tool", "tool_call_id": "call_1", "content": "The output of the OS:\n\nhi\n"}])
+    restored = anyio.run(lambda: fidelity.replay(env, episode, index))
+    assert restored.status == "task limit reached" and restored.lost_turns == 2
+    assert restored.outputs == ["same", "same", "same"] and restored.all_same
+    trusting = anyio.run(lambda: fidelity.replay(env, episode, index, restore_lost_turns=False))
+    assert trusting.status == "running" and trusting.lost_turns == 0 and trusting.outputs == ["same"]

@@ -196,22 +196,138 @@ def compare_output(upstream: str, ours: str) -> str:
 class ReplayResult:
     episode: RecordedEpisode
     outputs: list[str]  # per compared command: same / same_but_echo / truncated_same / different / lost
-    status: str
+    status: str  # as upstream would name it ("task error" where its task crashed on the turn)
     reward: float
     first_difference: dict[str, str] | None = None
+    lost_turns: int = 0  # assistant turns the log had lost and the search restored
 
     @property
     def all_same(self) -> bool:
         return all(o != "different" for o in self.outputs)
 
 
-async def replay(env: OSEnvironment, episode: RecordedEpisode, index: int) -> ReplayResult:
+def _status(session: OSSession, step: Any) -> str:
+    """The status upstream would report (its ``task error`` where its task crashed on a turn)."""
+    upstream = step.metrics.get("upstream_status") if step is not None else None
+    return str(upstream or session.status.value)
+
+
+def _same(upstream: Message, ours: Message) -> str | None:
+    """How ``ours`` compares with a recorded message (None: different)."""
+    if upstream.get("role") != ours.get("role"):
+        return None
+    if ours.get("role") != "tool":
+        return "same" if upstream.get("content") == ours.get("content") else None
+    outcome = compare_output(str(upstream.get("content") or ""), str(ours.get("content") or ""))
+    return None if outcome == "different" else outcome
+
+
+class _Player:
+    """One live session of the task; replays a prefix of turns on demand (a new container when it must)."""
+
+    def __init__(self, env: OSEnvironment, index: int) -> None:
+        self.env, self.index = env, index
+        self.session: OSSession | None = None
+        self.played: list[str] = []
+        self.steps: dict[tuple[str, ...], Any] = {}
+        self.env_steps = 0
+
+    async def answer(self, turns: Sequence[Message], keys: tuple[str, ...]) -> Any:
+        if keys in self.steps:
+            return self.steps[keys]
+        if self.session is None or tuple(self.played) != keys[:-1]:
+            await self.aclose()
+            self.session = await _opened(self.env, "std", self.index)
+            self.played = []
+            for i, turn in enumerate(turns[:-1]):
+                await self.session.step(turn)
+                self.env_steps += 1
+                self.played.append(keys[i])
+        step = await self.session.step(turns[-1])
+        self.env_steps += 1
+        self.played.append(keys[-1])
+        self.steps[keys] = (step, _status(self.session, step))
+        return self.steps[keys]
+
+    async def aclose(self) -> None:
+        if self.session is not None:
+            session, self.session = self.session, None
+            await session.close()
+
+
+async def _restore(env: OSEnvironment, episode: RecordedEpisode, index: int, max_env_steps: int) -> ReplayResult | None:
+    """The conversation the deduplicated log was filtered from, if one is found (as ALFWorld's replay).
+
+    The recording client kept a message only if its JSON text was new, so a word-for-word repeat of
+    a turn, and an answer identical to an earlier one, are missing from the log. Depth-first: the
+    next turn is the next recorded assistant message or a copy of an earlier one; every answer is
+    the next recorded message or a copy of one already kept; the end is upstream's status and
+    reward. Backtracking starts a new container; the search stops after ``max_env_steps`` steps.
+    """
+    recorded = episode.messages
+    player = _Player(env, index)
+
+    async def search(position: int, turns: list[Message], keys: tuple[str, ...], kept: list[Message],
+                     outputs: list[str], lost: int) -> ReplayResult | None:
+        candidates: list[tuple[Message, bool]] = []
+        if position < len(recorded) and recorded[position].get("role") == "assistant":
+            candidates.append((recorded[position], True))
+        repeats: dict[str, Message] = {}
+        for message in reversed(recorded[:position]):
+            if message.get("role") == "assistant":
+                repeats.setdefault(json.dumps(message, sort_keys=True), message)
+        candidates.extend((message, False) for message in repeats.values())
+        for turn, is_recorded in candidates:
+            if player.env_steps >= max_env_steps:
+                return None
+            key = json.dumps(turn, sort_keys=True)
+            step, status = await player.answer([*turns, turn], (*keys, key))
+            at, now_kept, now_outputs, ok = position + int(is_recorded), [*kept, turn], list(outputs), True
+            for answer in step.messages:
+                following = recorded[at] if at < len(recorded) else None
+                outcome = _same(following, answer) if following is not None else None
+                if outcome is not None:
+                    at += 1
+                    now_kept.append(following)
+                elif any(_same(m, answer) for m in now_kept):
+                    outcome = "same"  # identical to a message already kept: lost in the log
+                else:
+                    ok = False
+                    break
+                if answer.get("role") == "tool":
+                    now_outputs.append(outcome)
+            if not ok:
+                continue
+            restored = lost + int(not is_recorded)
+            if step.finish:
+                if at == len(recorded) and status == episode.status and step.reward == episode.reward:
+                    return ReplayResult(episode, now_outputs, status, step.reward, None, restored)
+                continue
+            found = await search(at, [*turns, turn], (*keys, key), now_kept, now_outputs, restored)
+            if found is not None:
+                return found
+        return None
+
+    try:
+        return await search(0, [], (), [], [], 0)
+    finally:
+        await player.aclose()
+
+
+async def replay(env: OSEnvironment, episode: RecordedEpisode, index: int, *, restore_lost_turns: bool = True,
+                 max_env_steps: int = 40) -> ReplayResult:
     """Play the recorded assistant turns; compare each tool answer with the recorded one.
 
-    Some clients drop a message identical to an earlier one from the log; an answer whose
-    recorded message is missing is compared with the earlier messages (``lost`` if it matches
-    none of them, which counts as a difference). ``index`` is our std index of the episode's task.
+    With ``restore_lost_turns`` the turns the log lost are restored first (:func:`_restore`);
+    where no such conversation is found within ``max_env_steps`` steps, or without it, the
+    recorded turns are played once in order: an answer whose recorded message is missing is
+    compared with the earlier messages (``lost`` if it matches none of them, which counts as a
+    difference). ``index`` is our std index of the episode's task.
     """
+    if restore_lost_turns:
+        found = await _restore(env, episode, index, max_env_steps)
+        if found is not None:
+            return found
     session = await _opened(env, "std", index)
     outcomes: list[str] = []
     first: dict[str, str] | None = None
@@ -239,10 +355,11 @@ async def replay(env: OSEnvironment, episode: RecordedEpisode, index: int) -> Re
     finally:
         await session.close()
     return ReplayResult(episode, [("different" if o == "lost" else o) for o in outcomes],
-                        session.status.value, session.reward, first)
+                        _status(session, step), session.reward, first)
 
 
-async def replay_all(env: OSEnvironment, episodes: Sequence[RecordedEpisode], *, concurrency: int = 4) -> list[ReplayResult]:
+async def replay_all(env: OSEnvironment, episodes: Sequence[RecordedEpisode], *, concurrency: int = 4,
+                     restore_lost_turns: bool = True) -> list[ReplayResult]:
     """Replay the episodes whose task is placed by :func:`index_map` (the others are left out)."""
     results: list[ReplayResult] = []
     limiter = anyio.CapacityLimiter(concurrency)
@@ -251,7 +368,7 @@ async def replay_all(env: OSEnvironment, episodes: Sequence[RecordedEpisode], *,
     async def one(episode: RecordedEpisode) -> None:
         async with limiter:
             try:
-                results.append(await replay(env, episode, ours[episode.index]))
+                results.append(await replay(env, episode, ours[episode.index], restore_lost_turns=restore_lost_turns))
             except Exception as exc:  # setup failed here (e.g. std 26's file descriptor)
                 results.append(ReplayResult(episode, ["different"], "task error", 0.0,
                                             {"command": "(setup)", "upstream": episode.status, "ours": str(exc)[:300]}))
@@ -274,6 +391,9 @@ def summarize(results: Iterable[ReplayResult]) -> dict[str, Any]:
         "all_outputs_same": len(same),
         "all_outputs_same_rate": round(len(same) / len(scored), 4) if scored else None,
         "reward_agrees": sum(r.reward == r.episode.reward for r in scored),
+        "status_agrees": sum(r.status == r.episode.status for r in results),
+        "lost_turns_restored": sum(r.lost_turns for r in results),
+        "agree_with_lost_turns_restored": sum(r.lost_turns > 0 for r in results),
         "reward_agrees_where_all_same": sum(r.reward == r.episode.reward for r in same),
         "commands": len(commands),
         "command_outputs": {k: commands.count(k) for k in ("same", "same_but_echo", "truncated_same", "different")},
