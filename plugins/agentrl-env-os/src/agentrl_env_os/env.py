@@ -29,13 +29,13 @@ import anyio
 from agentrl_core.env import BadTurn, Environment, Status, Step, ToolCall, ToolSession, function_tool
 from agentrl_core.errors import EnvError
 from agentrl_core.types import Index, Message
+from agentrl_env_os import upstream
 from agentrl_env_os.config import OSConfig
 from agentrl_env_os.docker_backend import DockerBackend
 from agentrl_env_os.evaluate import ScriptTimeout, evaluate, run_script
 from agentrl_env_os.images import image_ref
 from agentrl_env_os.pool import WarmPool
 from agentrl_env_os.shell import InteractiveShell, ShellResult, clean_output
-from agentrl_env_os import upstream
 from agentrl_env_os.tasks import SPLITS, Task, load_split
 
 log = logging.getLogger(__name__)
