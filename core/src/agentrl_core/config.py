@@ -102,6 +102,9 @@ class ControllerConfig:
     cancel_notice_timeout: float = field(default=60.0, validator=in_range(0.0, lo_open=True))  # then reconcile instead
     max_body_bytes: int = field(default=32 * 1024 * 1024, validator=in_range(1024))  # larger requests get 413
     finished_sessions_kept: int = field(default=100_000, validator=in_range(0))  # remembered for "already ended"
+    # let workers register without the run's token (upstream AgentBench-FC workers cannot send one);
+    # the controller then never sends the token to such a worker
+    unauthenticated_workers: bool = False
 
 
 @frozen

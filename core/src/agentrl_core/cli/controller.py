@@ -28,6 +28,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     for name, text in TIMEOUT_FLAGS.items():
         p.add_argument("--" + name.replace("_", "-"), type=float, metavar="SECONDS", help=text)
     p.add_argument("--max-body-bytes", type=int, help="larger requests get 413 (default 32 MiB)")
+    p.add_argument("--token", help="the run's shared secret: every request must carry 'Authorization: Bearer TOKEN' "
+                                   "(default: $AGENTRL_TOKEN, the safer way to pass it; without a token the "
+                                   "controller only listens on a loopback address)")
+    p.add_argument("--unauthenticated-workers", action="store_true", default=None,
+                   help="let workers register without the token (upstream AgentBench-FC workers cannot send one); "
+                        "anyone who reaches the port can then register a worker")
     p.set_defaults(run=run)
 
 
@@ -35,21 +41,24 @@ def run(args: argparse.Namespace) -> int:
     from agentrl_core.config import load_config
     from agentrl_core.controlplane.controller import Controller
     from agentrl_core.errors import ConfigError
+    from agentrl_core.http.auth import require_token_to_bind, resolve_token
     from agentrl_core.http.server import bind_socket, raise_fd_limit, run_event_loop, tune_gc
 
     overrides = list(args.set)
-    for name in [*TIMEOUT_FLAGS, "max_body_bytes", "host", "port"]:
+    for name in [*TIMEOUT_FLAGS, "max_body_bytes", "host", "port", "unauthenticated_workers"]:
         value = getattr(args, name)
         if value is not None:
             overrides.append(f"controller.{name}={value}")
     config = load_config(args.config, overrides, validate_plugins=False).controller
+    token = resolve_token(args.token)
+    require_token_to_bind(config.host, token, service="controller")
     raise_fd_limit()
     tune_gc()
     try:
         sock = bind_socket(config.host, config.port)
     except OSError as exc:
         raise ConfigError(f"{exc}; choose another --port") from None
-    controller = Controller(config)
+    controller = Controller(config, token=token)
     host, port = sock.getsockname()[:2]
     print(f"agentrl controller listening on http://{host}:{port}/api", flush=True)
     run_event_loop(lambda: controller.serve(sock=sock))

@@ -27,13 +27,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--seed", type=int, default=0, help="seed of requests sent without one")
     s.add_argument("--served-model-name", default=None)
     s.add_argument("--no-prefix-cache", action="store_true", help="never reuse a finished request's KV cache")
+    s.add_argument("--token", help="the run's shared secret: every request must carry 'Authorization: Bearer TOKEN' "
+                                   "(default: $AGENTRL_TOKEN, the safer way to pass it; without a token the engine "
+                                   "only listens on a loopback address)")
     s.set_defaults(run=run_serve)
     p.set_defaults(run=lambda args: p.print_help() or 2)
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from agentrl_core.engine.process import serve_main
+    from agentrl_core.http.auth import require_token_to_bind, resolve_token
     from agentrl_core.modelpath import check_model_path
 
     check_model_path(args.model, key="--model")
+    args.token = resolve_token(args.token)
+    require_token_to_bind(args.host, args.token, service="engine")  # before the model loads
     return serve_main(args)

@@ -19,6 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--start-timeout", type=float, default=300.0, help="seconds a session may take to start")
     p.add_argument("--step-timeout", type=float, default=600.0, help="seconds one step may take (then task error)")
     p.add_argument("--config", help="YAML config whose environments.<env> section configures the environment")
+    p.add_argument("--token", help="the run's shared secret, sent to the controller and required of every request "
+                                   "(default: $AGENTRL_TOKEN, the safer way to pass it; without a token the worker "
+                                   "only listens on a loopback address)")
     p.set_defaults(run=run)
 
 
@@ -26,10 +29,13 @@ def run(args: argparse.Namespace) -> int:
     from agentrl_core.config import load_config
     from agentrl_core.controlplane.worker import TaskWorker
     from agentrl_core.errors import ConfigError
+    from agentrl_core.http.auth import require_token_to_bind, resolve_token
     from agentrl_core.http.server import raise_fd_limit, run_event_loop, tune_gc
     from agentrl_core.registry import Registry
     from agentrl_core.types import EnvironmentSpec
 
+    token = resolve_token(args.token)
+    require_token_to_bind(args.host, token, service="task worker")
     registry = Registry()
     config = load_config(args.config, registry=registry) if args.config else None
     env = registry.build(EnvironmentSpec, args.env, config.environment_config(args.env) if config else None)
@@ -41,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--concurrency must be at least 1")
     worker = TaskWorker(env, split, task_name=args.task_name, controller_url=args.controller,
                         concurrency=args.concurrency, heartbeat_interval=args.heartbeat_interval,
-                        start_timeout=args.start_timeout, step_timeout=args.step_timeout)
+                        start_timeout=args.start_timeout, step_timeout=args.step_timeout, token=token)
     raise_fd_limit()
     tune_gc()
 

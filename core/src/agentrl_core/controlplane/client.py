@@ -24,6 +24,7 @@ import httpx
 from attrs import field, frozen
 
 from agentrl_core.errors import EnvError
+from agentrl_core.http.auth import authorization_header, env_token
 from agentrl_core.types import Index, Message, Status, Step
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,10 @@ _ERRORS = {406: NoCapacity, 404: UnknownSession, 409: SessionConflict}
 
 
 class ControllerClient:
-    """Pooled keep-alive HTTP client of one controller (``url`` ends in ``/api``)."""
+    """Pooled keep-alive HTTP client of one controller (``url`` ends in ``/api``).
+
+    Every request carries ``token`` (default: the process's ``AGENTRL_TOKEN``) as a bearer token.
+    """
 
     def __init__(
         self,
@@ -122,6 +126,7 @@ class ControllerClient:
         retry_delay: float = 0.5,
         max_connections: int = 4096,
         transport: httpx.AsyncBaseTransport | None = None,
+        token: str | None = None,
     ) -> None:
         base = url.rstrip("/")
         if not base.endswith("/api"):
@@ -138,6 +143,7 @@ class ControllerClient:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
                                 keepalive_expiry=5.0),
             transport=transport,
+            headers=authorization_header(token or env_token()),
         )
 
     async def __aenter__(self) -> ControllerClient:

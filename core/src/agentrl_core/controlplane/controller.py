@@ -31,23 +31,43 @@ from agentrl_core.controlplane.openapi import controller_openapi
 from agentrl_core.controlplane.state import SessionEntry, State, Worker, WorkerState
 from agentrl_core.controlplane.upkeep import Upkeep
 from agentrl_core.http.client import ConnectFailed, ConnectionBroken, TransportError
-from agentrl_core.http.server import App, HTTPError, Request, Response, bind_socket, dumps, json_response, serve_app
+from agentrl_core.http.server import (
+    App,
+    HTTPError,
+    Request,
+    Response,
+    bind_socket,
+    check_bind,
+    dumps,
+    json_response,
+    serve_app,
+)
 from agentrl_core.types import Status
 
 log = logging.getLogger(__name__)
 
 PROTOCOL = "agentrl-controller/1"
 
+# what a worker calls on the controller: open without the token when controller.unauthenticated_workers is set
+WORKER_PATHS = ("/api/receive_heartbeat", "/api/cancel_notice")
+
 
 class Controller:
-    """The controller service; ``serve()`` runs it, ``app`` is its ASGI application."""
+    """The controller service; ``serve()`` runs it, ``app`` is its ASGI application.
 
-    def __init__(self, config: ControllerConfig | None = None) -> None:
+    With a ``token`` every route needs ``Authorization: Bearer <token>``, except the worker
+    routes when ``config.unauthenticated_workers`` lets upstream workers (which cannot send
+    it) register; such a worker is never sent the token.
+    """
+
+    def __init__(self, config: ControllerConfig | None = None, *, token: str | None = None) -> None:
         self.config = config or ControllerConfig()
+        self.token = token or None
         self.state = State(connect_timeout=self.config.connect_timeout, tombstones=self.config.finished_sessions_kept)
         self.metrics = Metrics()
         self.started = time.time()
-        self.app = App(name="controller", max_body_bytes=self.config.max_body_bytes)
+        self.app = App(name="controller", max_body_bytes=self.config.max_body_bytes, token=self.token,
+                       open_paths=WORKER_PATHS if self.config.unauthenticated_workers else ())
         self.upkeep = Upkeep(self.state, self.config, self.metrics)
         self.app.observe = self.metrics.observe
         for method, path, handler in self.routes():
@@ -237,10 +257,12 @@ class Controller:
         worker = self.state.find_worker(name, address)
         if worker is None:
             try:
-                worker = self.state.register(name, address, concurrency, indices)
+                worker = self.state.register(name, address, concurrency, indices,
+                                             token=self.token if request.authenticated else None)
             except ValueError as exc:
                 raise HTTPError(400, f"the worker address is invalid: {exc}") from None
-            log.info("worker %s registered task %r at %s (concurrency %d)", worker.id, name, address, concurrency)
+            log.info("worker %s registered task %r at %s (concurrency %d%s)", worker.id, name, address, concurrency,
+                     "" if worker.authenticated or self.token is None else ", without the token")
             self.upkeep.spawn(self.upkeep.reconcile(worker))  # adopt what it still runs (e.g. after our restart)
         else:
             worker.last_heartbeat = time.monotonic()
@@ -363,6 +385,7 @@ class Controller:
     ) -> None:
         """Listen and serve until stopped (SIGTERM/SIGINT or ``stop``)."""
         sock = sock or bind_socket(host or self.config.host, self.config.port if port is None else port)
+        check_bind(sock, self.app)
         loops = [asyncio.ensure_future(self.upkeep.monitor()), asyncio.ensure_future(self.upkeep.reconcile_loop())]
         if on_ready is not None:
             on_ready(sock.getsockname())

@@ -3,6 +3,9 @@
 ``agentrl train`` and ``agentrl eval`` use this when ``controller.url`` is not set
 ("embedded" mode). In production, run ``agentrl controller`` and ``agentrl worker``
 yourself (on other machines) and set ``controller.url``.
+
+The processes inherit this process's ``AGENTRL_TOKEN`` (``agentrl train`` and ``agentrl
+eval`` set one per run), so the controller and the workers require it and send it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from agentrl_core.config import ControllerConfig, TaskConfig
+from agentrl_core.http.auth import authorization_header, env_token
 from agentrl_core.processes import ServiceError, ServiceProcess, agentrl_command
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,8 @@ class EmbeddedControlPlane:
         argv = agentrl_command("controller", "--host", c.host, "--port", str(c.port))
         for name in _TIMEOUT_FIELDS:
             argv += [f"--{name.replace('_', '-')}", str(getattr(c, name))]
+        if c.unauthenticated_workers:
+            argv.append("--unauthenticated-workers")
         self.controller = ServiceProcess("controller", argv, log_path=self.run_dir / "logs" / "controller.log")
         try:
             self.url = self.controller.start()
@@ -98,7 +104,8 @@ class EmbeddedControlPlane:
         wanted = {name: len(ws) for name, ws in self.workers.items()}
         while True:
             try:
-                response = httpx.get(f"{self.url}/list_workers", timeout=5.0)
+                response = httpx.get(f"{self.url}/list_workers", timeout=5.0,
+                                     headers=authorization_header(env_token()))
                 response.raise_for_status()
                 registered = _count_workers(response.json())
             except httpx.HTTPError as exc:

@@ -1,6 +1,7 @@
 """The OpenAPI 3.0 document of the controller API (served at ``/openapi.json``).
 
-Written by hand next to the routes it describes; a test checks that every route of the
+Written by hand next to the routes it describes (every route may answer 401 without the
+run's token); a test checks that every route of the
 controller appears here and fuzzes the controller from it (schemathesis).
 """
 
@@ -21,6 +22,7 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _errors(*codes: int) -> dict[str, Any]:
     texts = {
+        401: "The request did not carry the run's token (Authorization: Bearer <token>).",
         400: "Malformed JSON or an invalid field.",
         404: "Unknown task, session or worker.",
         406: "No worker of the task has a free slot (or none is alive).",
@@ -43,7 +45,7 @@ SESSION_HEADER = {
 
 def _post(summary: str, body: dict[str, Any] | None, ok: dict[str, Any], errors: tuple[int, ...],
           parameters: list[dict[str, Any]] | None = None, headers: dict[str, Any] | None = None) -> dict[str, Any]:
-    op: dict[str, Any] = {"summary": summary, "responses": {"200": ok, **_errors(*errors)}}
+    op: dict[str, Any] = {"summary": summary, "responses": {"200": ok, **_errors(401, *errors)}}
     if body is not None:
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
     if parameters:
@@ -54,7 +56,7 @@ def _post(summary: str, body: dict[str, Any] | None, ok: dict[str, Any], errors:
 
 
 def _get(summary: str, ok: dict[str, Any], errors: tuple[int, ...] = (), parameters: list | None = None) -> dict:
-    op: dict[str, Any] = {"summary": summary, "responses": {"200": ok, **_errors(*errors)}}
+    op: dict[str, Any] = {"summary": summary, "responses": {"200": ok, **_errors(401, *errors)}}
     if parameters:
         op["parameters"] = parameters
     return {"get": op}
@@ -158,5 +160,9 @@ def controller_openapi(version: str) -> dict[str, Any]:
         "info": {"title": "agentrl controller", "version": version,
                  "description": "AgentRL / AgentBench-FC compatible environment controller (HTTP)."},
         "paths": paths,
-        "components": {"schemas": schemas},
+        # every route needs the run's token when the controller has one (core/docs/control_plane.md)
+        "security": [{"token": []}],
+        "components": {"schemas": schemas,
+                       "securitySchemes": {"token": {"type": "http", "scheme": "bearer",
+                                                     "description": "The run's token (AGENTRL_TOKEN)."}}},
     }

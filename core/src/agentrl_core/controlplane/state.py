@@ -31,13 +31,16 @@ class WorkerState(enum.IntEnum):
 
 class Worker:
     __slots__ = ("id", "task", "address", "pool", "path", "capacity", "sessions", "cancelling", "state", "stale",
-                 "last_heartbeat", "registered", "syncing", "ready", "cancel_since", "lost_reason")
+                 "last_heartbeat", "registered", "syncing", "ready", "cancel_since", "lost_reason", "authenticated")
 
-    def __init__(self, worker_id: int, task: str, address: str, capacity: int, *, connect_timeout: float) -> None:
+    def __init__(self, worker_id: int, task: str, address: str, capacity: int, *, connect_timeout: float,
+                 token: str | None = None) -> None:
         self.id = worker_id
         self.task = task
         self.address = address
-        self.pool, self.path = Pool.for_url(address, connect_timeout=connect_timeout)
+        # the token goes only to a worker that sent it: an unauthenticated (upstream) worker never sees it
+        self.authenticated = token is not None
+        self.pool, self.path = Pool.for_url(address, connect_timeout=connect_timeout, token=token)
         self.capacity = capacity
         self.sessions: dict[int, SessionEntry] = {}
         self.cancelling: set[int] = set()  # cancelled sessions still holding a slot on the worker
@@ -80,6 +83,7 @@ class Worker:
             "sessions": len(self.sessions),
             "cancelling": len(self.cancelling),
             "locked": self.syncing,
+            "authenticated": self.authenticated,
         }
 
 
@@ -152,11 +156,13 @@ class State:
                 return worker
         return None
 
-    def register(self, task_name: str, address: str, capacity: int, indices: list[Index]) -> Worker:
+    def register(self, task_name: str, address: str, capacity: int, indices: list[Index], *,
+                 token: str | None = None) -> Worker:
         task = self.tasks.get(task_name)
         if task is None:
             task = self.tasks[task_name] = Task(task_name, indices)
-        worker = Worker(self._next_worker, task_name, address, capacity, connect_timeout=self.connect_timeout)
+        worker = Worker(self._next_worker, task_name, address, capacity, connect_timeout=self.connect_timeout,
+                        token=token)
         self._next_worker += 1
         task.workers[worker.id] = worker
         return worker

@@ -32,7 +32,7 @@ from agentrl_core.controlplane import wire
 from agentrl_core.env.api import UnknownIndexError
 from agentrl_core.errors import SessionError
 from agentrl_core.http.client import Pool, TransportError
-from agentrl_core.http.server import App, HTTPError, Request, bind_socket, json_response, serve_app
+from agentrl_core.http.server import App, HTTPError, Request, bind_socket, check_bind, json_response, serve_app
 from agentrl_core.protocols import Environment, Session
 from agentrl_core.types import Index, Status
 
@@ -76,6 +76,7 @@ class TaskWorker:
         step_timeout: float | None = 600.0,
         close_timeout: float = 60.0,
         max_body_bytes: int = 32 * 1024 * 1024,
+        token: str | None = None,
     ) -> None:
         sets = env.index_sets()
         if split not in sets:
@@ -99,9 +100,10 @@ class TaskWorker:
         self._controller: Pool | None = None
         self._controller_path = ""
         if self.controller_url:
-            self._controller, self._controller_path = Pool.for_url(self.controller_url)
+            self._controller, self._controller_path = Pool.for_url(self.controller_url, token=token)
         self._background: set[asyncio.Task] = set()
-        self.app = App(name=f"worker {self.task_name}", max_body_bytes=max_body_bytes)
+        self.token = token or None  # every route needs it; the worker sends it to the controller too
+        self.app = App(name=f"worker {self.task_name}", max_body_bytes=max_body_bytes, token=self.token)
         for method, path, handler in [
             ("POST", "/api/start_sample", self.start_sample),
             ("POST", "/api/interact", self.interact),
@@ -326,6 +328,7 @@ class TaskWorker:
     ) -> None:
         """Listen, heartbeat, and serve until stopped; then cancel and close every session."""
         sock = sock or bind_socket(host, port)
+        check_bind(sock, self.app)
         bound_host, bound_port = sock.getsockname()[:2]
         self.address = address or f"http://{_public_host(host, bound_host)}:{bound_port}/api"
         heartbeats = asyncio.ensure_future(self._heartbeats()) if self._controller is not None else None

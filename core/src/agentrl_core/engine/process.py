@@ -86,7 +86,7 @@ def serve_main(args: Any) -> int:
         args.model, device=args.device, dtype=args.dtype, max_running_requests=args.max_running_requests,
         max_context=args.max_context, max_prefill_tokens=args.max_prefill_tokens, tool_parser=args.tool_call_parser,
         weight_version=version, seed=args.seed, served_model_name=args.served_model_name,
-        prefix_cache=not args.no_prefix_cache,
+        prefix_cache=not args.no_prefix_cache, token=args.token,
     )
 
     # the start-up objects (transformers, the model) live as long as the process: keep them out of

@@ -19,6 +19,10 @@ Routes (the wire contract is documented in ``core/docs/engine.md``):
 ``GET /v1/models``
 =================================  =========================================================
 
+With a ``token`` (``--token`` / ``AGENTRL_TOKEN``) every route answers 401 to a request
+without ``Authorization: Bearer <token>``, as SGLang does with ``--api-key``; without one
+the engine only listens on a loopback address.
+
 The model runs on the scheduler thread (:mod:`~agentrl_core.engine.scheduler`);
 handlers only validate, queue and await, so the event loop never runs a forward pass.
 """
@@ -37,7 +41,16 @@ from typing import Any
 from agentrl_core.engine.sampling import SamplingParams, parse_sampling_params
 from agentrl_core.engine.scheduler import PAUSE_MODES, Completion, EngineConflict, Scheduler
 from agentrl_core.engine.scheduler import Request as EngineRequest
-from agentrl_core.http.server import App, HTTPError, Request, Response, bind_socket, json_response, serve_app
+from agentrl_core.http.server import (
+    App,
+    HTTPError,
+    Request,
+    Response,
+    bind_socket,
+    check_bind,
+    json_response,
+    serve_app,
+)
 from agentrl_core.types import ToolParserSpec
 
 log = logging.getLogger(__name__)
@@ -67,6 +80,7 @@ class EngineServer:
         seed: int = 0,
         served_model_name: str | None = None,
         prefix_cache: bool = True,
+        token: str | None = None,
     ) -> None:
         from transformers import AutoTokenizer, GenerationConfig
 
@@ -74,6 +88,7 @@ class EngineServer:
         from agentrl_core.registry import Registry
 
         self.model_path = str(model_path)
+        self.token = token or None
         self.device = device
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         hf_model = load_hf_model(self.model_path, dtype=dtype, device=device)
@@ -117,6 +132,7 @@ class EngineServer:
     async def serve(self, host: str = "127.0.0.1", port: int = 0, *, stop: asyncio.Event | None = None,
                     on_listening: Callable[[str], None] | None = None) -> None:
         sock = bind_socket(host, port)
+        check_bind(sock, self.app)
         bound = sock.getsockname()
         url = f"http://{_url_host(host)}:{bound[1]}"
         self.start()
@@ -133,7 +149,7 @@ class EngineServer:
     # Routes
 
     def _build_app(self) -> App:
-        app = App(name="engine", max_body_bytes=256 * 1024 * 1024)
+        app = App(name="engine", max_body_bytes=256 * 1024 * 1024, token=self.token)
         for method, path, handler in [
             ("POST", "/generate", self.generate),
             ("GET", "/health", self.health),

@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 
 from agentrl_core.errors import AgentrlError
+from agentrl_core.http.auth import authorization_header, env_token
 
 __all__ = ["GatewayClient", "GatewayError"]
 
@@ -17,11 +18,15 @@ class GatewayError(AgentrlError):
 
 
 class GatewayClient:
-    def __init__(self, url: str, *, timeout: float = 60.0, http: httpx.AsyncClient | None = None) -> None:
+    """The trainer's client; every request carries ``token`` (default: the process's ``AGENTRL_TOKEN``)."""
+
+    def __init__(self, url: str, *, timeout: float = 60.0, http: httpx.AsyncClient | None = None,
+                 token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self._own = http is None
         self.http = http or httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), trust_env=False,
-                                              limits=httpx.Limits(max_connections=1024))
+                                              limits=httpx.Limits(max_connections=1024),
+                                              headers=authorization_header(token or env_token()))
 
     async def aclose(self) -> None:
         if self._own:

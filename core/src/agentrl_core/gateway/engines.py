@@ -59,7 +59,8 @@ class LeanEngineClient(EngineClient):
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
-        self._pool, self._path = Pool.for_url(self.url)
+        auth = self.http.headers.get("authorization", "")  # the run's token, as the shared client sends it
+        self._pool, self._path = Pool.for_url(self.url, token=auth[7:] if auth[:7].lower() == "bearer " else None)
 
     async def aclose(self) -> None:
         self._pool.close()
@@ -143,8 +144,9 @@ class Generated:
 class EngineRouter:
     def __init__(self, pools: Mapping[str, Sequence[str]], *, sampler: Any = None, seed: int = 0,
                  on_weight_update: str = "hold", retry_after_s: float = 2.0, max_abort_retries: int = 100,
-                 request_timeout: float | None = None) -> None:
+                 request_timeout: float | None = None, token: str | None = None) -> None:
         self.sampler = sampler or CurrentSampler()
+        self.token = token  # the engines' token (None: the process's AGENTRL_TOKEN)
         self.seed = seed
         self.on_weight_update = on_weight_update
         self.retry_after_s = retry_after_s
@@ -171,7 +173,7 @@ class EngineRouter:
             if pool is not None and pool.urls == [u.rstrip("/") for u in urls]:
                 self.pools[name] = pool
             else:
-                self.pools[name] = LeanEnginePool(name, list(urls), timeout=self.request_timeout)
+                self.pools[name] = LeanEnginePool(name, list(urls), timeout=self.request_timeout, token=self.token)
         self._retired = [p for name, p in old.items() if self.pools.get(name) is not p]
 
     async def aclose(self) -> None:

@@ -28,7 +28,7 @@ __all__ = ["build_gateway", "BackgroundGateway", "GatewayProcess", "serve_main"]
 
 
 def build_gateway(config: Any, pools: Mapping[str, Sequence[str]], *, registry: Any = None,
-                  tokenizer: Any = None) -> GatewayServer:
+                  tokenizer: Any = None, token: str | None = None) -> GatewayServer:
     from agentrl_core.registry import Registry
     from agentrl_core.rollout.tokenizer import load_tokenizer
     from agentrl_core.types import ChatTemplateSpec, ReasoningParserSpec, SamplerSpec, ToolParserSpec
@@ -42,7 +42,7 @@ def build_gateway(config: Any, pools: Mapping[str, Sequence[str]], *, registry: 
         chat_template=registry.build(ChatTemplateSpec, g.chat_template, None, tokenizer=tokenizer),
         tool_parser=registry.build(ToolParserSpec, g.tool_parser or config.model.tool_parser),
         reasoning_parser=registry.build(ReasoningParserSpec, g.reasoning_parser) if g.reasoning_parser else None,
-        sampler=sampler, seed=config.run.seed, request_timeout=config.engine.request_timeout,
+        sampler=sampler, seed=config.run.seed, request_timeout=config.engine.request_timeout, token=token,
     )
 
 
@@ -115,10 +115,11 @@ def parse_pools(engines: Sequence[str], pool_args: Sequence[str]) -> dict[str, l
     return pools
 
 
-def serve_main(config: Any, pools: Mapping[str, Sequence[str]], *, port_file: str | None = None) -> int:
+def serve_main(config: Any, pools: Mapping[str, Sequence[str]], *, port_file: str | None = None,
+               token: str | None = None) -> int:
     from agentrl_core.http.server import raise_fd_limit, run_event_loop, tune_gc
 
-    gateway = build_gateway(config, pools)
+    gateway = build_gateway(config, pools, token=token)
     raise_fd_limit()
 
     async def main() -> None:

@@ -17,6 +17,12 @@ Routes (core/docs/gateway.md is the reference):
 ``GET /health``, ``GET /stats``            liveness; counters
 =========================================  ==================================================
 
+With a ``token`` (``--token`` / ``AGENTRL_TOKEN``, the run's shared secret) every route but
+the OpenAI ones needs ``Authorization: Bearer <token>``: the session and admin routes are
+the trainer's. The OpenAI routes are the agent's, authenticated by its session's key or
+base URL; the gateway sends the same token to the engines. Without a token the gateway
+only listens on a loopback address.
+
 The handlers are in :mod:`.openai_api` and :mod:`.session_api`, the wire format in
 :mod:`.protocol`, token capture in :mod:`.capture`, sessions in :mod:`.sessions` and the
 engines' side in :mod:`.engines`. Everything runs on one event loop.
@@ -37,11 +43,14 @@ from agentrl_core.gateway.capture import Renderer
 from agentrl_core.gateway.engines import EngineRouter
 from agentrl_core.gateway.protocol import OpenAIError, unauthorized
 from agentrl_core.gateway.sessions import SESSION_SCOPE_KEY, GatewaySession, SessionGone, SessionStore, fingerprint
-from agentrl_core.http.server import App, HTTPError, Request, Response, bind_socket, serve_app
+from agentrl_core.http.server import App, HTTPError, Request, Response, bind_socket, check_bind, serve_app
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GatewayServer", "SESSION_SCOPE_KEY"]
+__all__ = ["GatewayServer", "SESSION_SCOPE_KEY", "AGENT_PATHS"]
+
+# the agent's routes: a session key (or base URL) authenticates them, not the run's token
+AGENT_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models")
 
 
 class GatewayServer:
@@ -54,8 +63,10 @@ class GatewayServer:
 
     def __init__(self, *, tokenizer: Any, pools: Mapping[str, Sequence[str]], config: Any, rollout: Any,
                  model_path: str = "", tool_parser: Any, reasoning_parser: Any = None, chat_template: Any = None,
-                 sampler: Any = None, seed: int = 0, request_timeout: float | None = None) -> None:
+                 sampler: Any = None, seed: int = 0, request_timeout: float | None = None,
+                 token: str | None = None) -> None:
         self.config = config
+        self.token = token or None
         self.rollout = rollout
         self.model_path = model_path
         self.served_model_name = config.served_model_name or (Path(model_path).name if model_path else "agentrl")
@@ -64,7 +75,7 @@ class GatewayServer:
         self.reasoning_parser = reasoning_parser
         self.router = EngineRouter(pools, sampler=sampler, seed=seed, on_weight_update=config.on_weight_update,
                                    retry_after_s=config.retry_after_s, max_abort_retries=config.max_abort_retries,
-                                   request_timeout=request_timeout)
+                                   request_timeout=request_timeout, token=self.token)
         self.sessions = SessionStore(idle_timeout=config.idle_timeout, max_duration=config.max_duration,
                                      finished_ttl=config.finished_ttl, replay_window=config.replay_window,
                                      on_end=self._export if config.export else None)
@@ -79,7 +90,7 @@ class GatewayServer:
     def _build_app(self) -> App:
         from agentrl_core.gateway import openai_api, session_api
 
-        app = App(name="gateway", max_body_bytes=self.config.max_body_bytes)
+        app = App(name="gateway", max_body_bytes=self.config.max_body_bytes, token=self.token, open_paths=AGENT_PATHS)
         for method, path, handler in [
             ("POST", "/v1/chat/completions", openai_api.chat_completions),
             ("POST", "/v1/completions", openai_api.completions),
@@ -173,12 +184,13 @@ class GatewayServer:
     async def serve(self, host: str = "127.0.0.1", port: int = 0, *, stop: asyncio.Event | None = None,
                     on_listening: Callable[[str], None] | None = None) -> None:
         sock = bind_socket(host, port)
+        check_bind(sock, self.app)
         self.url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
         reaper = asyncio.ensure_future(self.reap(min(5.0, max(0.05, self.config.idle_timeout / 4))))
         try:
             if on_listening is not None:
                 on_listening(self.url)
-            await serve_app(self, sock, stop=stop)  # type: ignore[arg-type]
+            await serve_app(self, sock, stop=stop)  # type: ignore[arg-type]  (self.token: checked as the app's)
         finally:
             reaper.cancel()
             sock.close()

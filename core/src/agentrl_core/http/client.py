@@ -5,7 +5,8 @@ responses with httptools. It is several times cheaper per request than a general
 which matters because every environment turn crosses it. Failures are typed so callers can
 decide what is safe to retry: :class:`ConnectFailed` means the request never reached the
 server; :class:`ConnectionBroken` means it may have; :class:`RequestTimeout` means no full
-answer arrived in time. Plain ``http://`` only: workers live on a trusted network.
+answer arrived in time. Plain ``http://`` only: workers live on a trusted network, and a
+``token`` sends the run's ``Authorization: Bearer`` header with every request.
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ class _Connection(asyncio.Protocol):
 class Pool:
     """Keep-alive connections to one ``http://host:port`` origin."""
 
-    def __init__(self, host: str, port: int, *, connect_timeout: float = 5.0, idle_timeout: float = 4.0) -> None:
+    def __init__(self, host: str, port: int, *, connect_timeout: float = 5.0, idle_timeout: float = 4.0,
+                 token: str | None = None) -> None:
         self.host = host
         self.port = port
         self.origin = f"http://{host}:{port}"
@@ -155,6 +157,8 @@ class Pool:
         self.idle_timeout = idle_timeout
         self._idle: list[_Connection] = []
         self._host_header = f"Host: {host}:{port}\r\n".encode()
+        if token:  # every request carries the run's token (agentrl_core.http.auth)
+            self._host_header += f"Authorization: Bearer {token}\r\n".encode("latin-1")
 
     @classmethod
     def for_url(cls, url: str, **kwargs: Any) -> tuple[Pool, str]:

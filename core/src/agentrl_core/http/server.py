@@ -4,7 +4,9 @@ Why not a framework: the controller sits on the hot path of every environment tu
 a route table, JSON bodies and one-sentence errors are all it needs. Requests are
 dispatched by ``(method, path)`` in one dict lookup; bodies are capped while they stream
 in (413); every error is ``{"detail": "<one sentence>"}`` as FastAPI writes it, which is
-what upstream clients expect.
+what upstream clients expect. A token (:mod:`agentrl_core.http.auth`) makes every route
+but ``open_paths`` answer 401 to a request without ``Authorization: Bearer <token>``, and
+:func:`serve_app` refuses a non-loopback address to an app without one.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl
+
+from agentrl_core.http.auth import UNAUTHORIZED, check_bearer, require_token_to_bind
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +64,13 @@ def error_body(detail: str) -> bytes:
 
 
 class Request:
-    __slots__ = ("scope", "body", "_json")
+    __slots__ = ("scope", "body", "_json", "authenticated")
 
-    def __init__(self, scope: Mapping[str, Any], body: bytes) -> None:
+    def __init__(self, scope: Mapping[str, Any], body: bytes, authenticated: bool = False) -> None:
         self.scope = scope
         self.body = body
         self._json: Any = _UNSET
+        self.authenticated = authenticated  # it carried the app's token (False when the app has none)
 
     @property
     def path(self) -> str:
@@ -119,12 +124,23 @@ def _json_problem(exc: Exception) -> str:
 Handler = Callable[[Request], Awaitable[Any]]
 
 
-class App:
-    """An ASGI app over a route table; handlers return a Response or JSON-able data."""
+_CHALLENGE = [(b"www-authenticate", b'Bearer realm="agentrl"')]
 
-    def __init__(self, *, name: str, max_body_bytes: int = 32 * 1024 * 1024) -> None:
+
+class App:
+    """An ASGI app over a route table; handlers return a Response or JSON-able data.
+
+    With a ``token``, a request to any path but ``open_paths`` must carry ``Authorization:
+    Bearer <token>`` (compared in constant time), else it gets 401 before routing; handlers
+    of open paths see ``request.authenticated``.
+    """
+
+    def __init__(self, *, name: str, max_body_bytes: int = 32 * 1024 * 1024, token: str | None = None,
+                 open_paths: Iterable[str] = ()) -> None:
         self.name = name
         self.max_body_bytes = max_body_bytes
+        self.token = token or None
+        self.open_paths = frozenset(open_paths)
         self.routes: dict[tuple[str, str], Handler] = {}
         self._methods: dict[str, set[str]] = {}
         self.observe: Callable[[str, int], None] | None = None  # (route, status) after each request
@@ -150,6 +166,11 @@ class App:
         path = scope["path"]
         handler = self.routes.get((scope["method"], path))
         try:
+            authenticated = False
+            if self.token is not None:
+                authenticated = check_bearer(_header(scope, b"authorization"), self.token)
+                if not authenticated and path not in self.open_paths:
+                    raise HTTPError(401, UNAUTHORIZED, _CHALLENGE)
             if handler is None:
                 allowed = self._methods.get(path)
                 if allowed:
@@ -157,7 +178,7 @@ class App:
                                     [(b"allow", ", ".join(sorted(allowed)).encode())])
                 raise HTTPError(404, f"there is no route {path}")
             body = await self._read_body(scope, receive)
-            result = await handler(Request(scope, body))
+            result = await handler(Request(scope, body, authenticated))
             response = result if isinstance(result, Response) else Response(dumps(result))
         except HTTPError as exc:
             response = Response(error_body(exc.detail), exc.status, [*JSON_HEADERS, *exc.headers])
@@ -201,6 +222,13 @@ class App:
         return b"".join(chunks)
 
 
+def _header(scope: Mapping[str, Any], name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value
+    return None
+
+
 # ---------------------------------------------------------------------------------------
 # Running an app
 
@@ -221,6 +249,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock.listen(4096)
     sock.setblocking(False)
     return sock
+
+
+def check_bind(sock: socket.socket, app: Any) -> None:
+    """Refuse (ConfigError, and close ``sock``) when ``app`` has no token and ``sock`` is not on a loopback address.
+
+    :func:`serve_app` checks it too; services call it as soon as they bind, before they announce themselves.
+    """
+    try:
+        require_token_to_bind(str(sock.getsockname()[0]), getattr(app, "token", None),
+                              service=getattr(app, "name", "service"))
+    except Exception:
+        sock.close()
+        raise
 
 
 def _make_server(app: App, *, keep_alive: float) -> Any:
@@ -255,7 +296,11 @@ async def serve_app(
     keep_alive: float = 75.0,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve ``app`` on ``sock`` until ``stop`` is set, SIGTERM/SIGINT arrive, or cancellation."""
+    """Serve ``app`` on ``sock`` until ``stop`` is set, SIGTERM/SIGINT arrive, or cancellation.
+
+    An app without a ``token`` may only serve a loopback address (ConfigError otherwise).
+    """
+    check_bind(sock, app)
     server = _make_server(app, keep_alive=keep_alive)
     loop = asyncio.get_running_loop()
     installed = []

@@ -51,6 +51,13 @@ class Evaluation:
         self.drivers: list[Any] = []
 
     def run(self) -> dict[str, Any]:
+        """Start what the evaluation needs and run it; the processes share the run's token (``AGENTRL_TOKEN``)."""
+        from agentrl_core.http.auth import run_token
+
+        with run_token():
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         from agentrl_core.controlplane.embedded import EmbeddedControlPlane
 
         c = self.config

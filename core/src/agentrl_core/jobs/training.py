@@ -101,7 +101,18 @@ class Trainer:
         return path
 
     def run(self) -> dict[str, Any]:
-        """Set up every process, train, tear everything down; returns the final summary."""
+        """Set up every process, train, tear everything down; returns the final summary.
+
+        The run has one token (``AGENTRL_TOKEN``, generated unless the user set one): every
+        process it starts inherits it (Ray actors through ``runtime_env``), every service
+        requires it and every client sends it (:mod:`agentrl_core.http.auth`).
+        """
+        from agentrl_core.http.auth import run_token
+
+        with run_token():
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         from agentrl_core.controlplane.embedded import EmbeddedControlPlane
         from agentrl_core.launch.placement import plan_placement
         from agentrl_core.launch.ray_pools import RayPools, init_ray

@@ -35,6 +35,7 @@ from attrs import frozen
 
 from agentrl_core.config import Config
 from agentrl_core.errors import AgentrlError
+from agentrl_core.http.auth import TOKEN_ENV, env_token
 from agentrl_core.http.ports import free_port
 from agentrl_core.launch.placement import Placement
 from agentrl_core.train.learner_actor import LearnerService
@@ -48,8 +49,8 @@ def init_ray(config: Config, *, num_cpus: int | None = None, num_gpus: int | Non
     if ray.is_initialized():
         return
     launch = config.launch
-    # the workers inherit this interpreter's environment (plugins, PYTHONPATH)
-    env_vars = {k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "AGENTRL_DATA_DIR")}
+    # the workers inherit this interpreter's environment (plugins, PYTHONPATH) and the run's token
+    env_vars = {k: v for k, v in os.environ.items() if k in ("PYTHONPATH", "AGENTRL_DATA_DIR", TOKEN_ENV)}
     runtime_env = {"env_vars": env_vars} if env_vars else None
     if launch.address:
         ray.init(address=launch.address, logging_level=logging.WARNING, log_to_driver=True, runtime_env=runtime_env)
@@ -294,8 +295,12 @@ class RayPools:
                                    "give each node a multiple of engine.sglang.tp_size GPUs")
             return [physical[d] for d in devs]
 
+        # the run's token reaches every actor explicitly: Ray may have been started before the run set it
+        token = env_token()
+        actor_env = {"runtime_env": {"env_vars": {TOKEN_ENV: token}}} if token else {}
+
         def resources(slot: int) -> dict[str, Any]:
-            return {"scheduling_strategy": strategy(plan.slot_bundle[slot]), **plan.slot_resources[slot]}
+            return {"scheduling_strategy": strategy(plan.slot_bundle[slot]), **plan.slot_resources[slot], **actor_env}
 
         engine_slots = [(pool, devs) for pool, engines in placement.pools.items() for devs in engines]
         remote_host = ray.remote(host_cls)

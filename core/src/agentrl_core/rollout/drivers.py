@@ -36,6 +36,7 @@ import httpx
 
 from agentrl_core.config import Config
 from agentrl_core.errors import AgentrlError
+from agentrl_core.http.auth import authorization_header, env_token
 from agentrl_core.processes import popen, tail
 from agentrl_core.types import RolloutEngineSpec
 
@@ -45,6 +46,7 @@ __all__ = [
     "build_engine_driver",
     "engine_slots",
     "ranks_per_engine",
+    "redact",
     "resolve_device_kind",
     "wait_healthy",
 ]
@@ -119,7 +121,7 @@ class ManagedProcesses:
         with open(log_path, "ab") as out:
             proc = popen(cmd, env={**os.environ, **(env or {})}, detach=True, stdout=out, stderr=subprocess.STDOUT)
         self.processes.append((name, proc, log_path))
-        log.info("started engine %s (pid %d): %s", name, proc.pid, " ".join(cmd))
+        log.info("started engine %s (pid %d): %s", name, proc.pid, " ".join(redact(cmd)))
         return proc, log_path
 
     def check_alive(self, name: str, proc: subprocess.Popen, log_path: Path) -> None:
@@ -147,9 +149,21 @@ class ManagedProcesses:
             self._tmp = None
 
 
-def wait_healthy(url: str, deadline: float, alive: Any) -> None:
-    """Poll ``url/health`` until 200; ``alive()`` raises when the process died."""
-    with httpx.Client(timeout=5.0, trust_env=False) as http:
+def redact(cmd: Sequence[str]) -> list[str]:
+    """``cmd`` with the value of every ``--api-key``/``--token`` replaced, for logs."""
+    out = list(cmd)
+    for i, arg in enumerate(out[:-1]):
+        if arg in ("--api-key", "--token"):
+            out[i + 1] = "***"
+    return out
+
+
+def wait_healthy(url: str, deadline: float, alive: Any, *, token: str | None = None) -> None:
+    """Poll ``url/health`` until 200; ``alive()`` raises when the process died.
+
+    Sends ``token`` (default: the process's ``AGENTRL_TOKEN``) as a bearer token.
+    """
+    with httpx.Client(timeout=5.0, trust_env=False, headers=authorization_header(token or env_token())) as http:
         while True:
             alive()
             try:

@@ -33,6 +33,7 @@ import httpx
 from attrs import field, frozen
 
 from agentrl_core.errors import AgentrlError
+from agentrl_core.http.auth import authorization_header, env_token
 
 log = logging.getLogger(__name__)
 
@@ -185,9 +186,14 @@ class GenerateResult:
 
 
 def make_http_client(*, timeout: float = DEFAULT_TIMEOUT, connect_timeout: float = CONNECT_TIMEOUT,
-                     max_connections: int = 4096) -> httpx.AsyncClient:
-    """The pooled HTTP client engines share (one per process is enough)."""
+                     max_connections: int = 4096, token: str | None = None) -> httpx.AsyncClient:
+    """The pooled HTTP client engines share (one per process is enough).
+
+    Every request carries ``token`` (default: the process's ``AGENTRL_TOKEN``) as a bearer
+    token, which agentrl's engines and SGLang started with ``--api-key`` require.
+    """
     return httpx.AsyncClient(
+        headers=authorization_header(token or env_token()),
         timeout=httpx.Timeout(timeout, connect=connect_timeout, pool=timeout),
         limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=min(max_connections, 1024),
                             keepalive_expiry=30.0),
@@ -207,10 +213,10 @@ class EngineClient:
 
     def __init__(self, url: str, *, http: httpx.AsyncClient | None = None, connect_retries: int = 3,
                  retry_backoff: float = 0.5, timeout: float | None = None,
-                 health_timeout: float = DEFAULT_HEALTH_TIMEOUT) -> None:
+                 health_timeout: float = DEFAULT_HEALTH_TIMEOUT, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self._own_http = http is None
-        self.http = http or make_http_client()
+        self.http = http or make_http_client(token=token)
         self.connect_retries = connect_retries
         self.retry_backoff = retry_backoff
         self.timeout = timeout
@@ -428,12 +434,13 @@ class EnginePool:
 
     def __init__(self, name: str, urls: Sequence[str], *, http: httpx.AsyncClient | None = None,
                  connect_retries: int = 3, down_seconds: float = 10.0, max_sticky_keys: int = 100_000,
-                 timeout: float | None = None, health_timeout: float = DEFAULT_HEALTH_TIMEOUT) -> None:
+                 timeout: float | None = None, health_timeout: float = DEFAULT_HEALTH_TIMEOUT,
+                 token: str | None = None) -> None:
         if not urls:
             raise ValueError(f"engine pool {name!r} needs at least one engine URL")
         self.name = name
         self._own_http = http is None
-        self.http = http or make_http_client()
+        self.http = http or make_http_client(token=token)
         self._client_options = {"connect_retries": connect_retries, "timeout": timeout, "health_timeout": health_timeout}
         self.engines = {url.rstrip("/"): self.client_class(url, http=self.http, **self._client_options) for url in urls}
         self.urls = list(self.engines)

@@ -22,7 +22,11 @@ Command line (argument names checked against SGLang 0.5.x ``server_args`` and it
     python -m sglang.launch_server --model-path PATH --host 127.0.0.1 --port P --tp-size N
         --weight-version 0 --served-model-name POOL-I --random-seed S --skip-server-warmup
         [--dtype D] [--mem-fraction-static F] [--context-length C] [--tool-call-parser qwen25]
-        [--chat-template FILE] [--trust-remote-code] [extra_args...]
+        [--chat-template FILE] [--trust-remote-code] [--api-key TOKEN] [extra_args...]
+
+``--api-key`` is the run's token (``AGENTRL_TOKEN``, see :mod:`agentrl_core.http.auth`):
+SGLang then answers 401 to a request without ``Authorization: Bearer TOKEN``, which every
+agentrl client sends; the logged command line shows it as ``***``.
 
 SGLang cannot run on CPU-only machines, so its HTTP handling is tested against a labelled
 test double (``tests/core/sglang_double.py``); the GPU check script is
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_core.config import EngineConfig, ModelConfig
+from agentrl_core.http.auth import env_token
 from agentrl_core.http.ports import free_port
 from agentrl_core.rollout.drivers import EngineLaunchError, ManagedProcesses, wait_healthy
 
@@ -104,6 +109,9 @@ class SGLangDriver:
             cmd += ["--chat-template", self._chat_template_file()]
         if self.trust_remote_code:
             cmd += ["--trust-remote-code"]
+        token = env_token()
+        if token is not None:  # the run's token (agentrl_core.http.auth): SGLang checks it as its API key
+            cmd += ["--api-key", token]
         return cmd + list(opts.extra_args)
 
     def _chat_template_file(self) -> str:

@@ -37,6 +37,7 @@ from agentrl_core.protocols import Environment
 class LocalControlPlane:
     def __init__(self, controller: Controller, url: str, stop: asyncio.Event) -> None:
         self.controller = controller
+        self.token = controller.token
         self.url = url
         self.workers: list[TaskWorker] = []
         self._stop = stop
@@ -45,6 +46,7 @@ class LocalControlPlane:
     async def add_worker(self, env: Environment, split: str, *, heartbeat_interval: float = 8.0,
                          **options: Any) -> TaskWorker:
         """Serve ``env``'s ``split`` in this loop; returns once the controller registered it."""
+        options.setdefault("token", self.token)
         worker = TaskWorker(env, split, controller_url=self.url, heartbeat_interval=heartbeat_interval, **options)
         ready = asyncio.Event()
         self._tasks.append(asyncio.ensure_future(worker.serve(stop=self._stop, on_ready=lambda _: ready.set())))
@@ -70,10 +72,11 @@ class LocalControlPlane:
 
 
 @contextlib.asynccontextmanager
-async def local_control_plane(config: ControllerConfig | None = None) -> AsyncIterator[LocalControlPlane]:
-    """A controller serving on a free local port in the running event loop."""
+async def local_control_plane(config: ControllerConfig | None = None, *,
+                              token: str | None = None) -> AsyncIterator[LocalControlPlane]:
+    """A controller serving on a free local port in the running event loop (requiring ``token`` if given)."""
     config = config or ControllerConfig()
-    controller = Controller(config)
+    controller = Controller(config, token=token)
     sock = bind_socket(config.host, config.port)
     host, port = sock.getsockname()[:2]
     stop = asyncio.Event()

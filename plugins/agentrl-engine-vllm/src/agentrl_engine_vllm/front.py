@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from agentrl_core.http.auth import authorization_header, env_token
 from agentrl_core.http.server import App, HTTPError, Request, Response, json_response
 from agentrl_engine_vllm.wire import WireError, sglang_answer, version_value, vllm_sampling_params
 
@@ -76,6 +77,8 @@ class Front:
         self.device = device
         self.options = options
         self.staging = staging
+        # the run's token: required of our clients, and vLLM's API key (serve.py passes it as VLLM_API_KEY)
+        self.token = token = env_token()
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.config = AutoConfig.from_pretrained(model)
         eos = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
@@ -88,7 +91,7 @@ class Front:
         limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024, keepalive_expiry=60.0)
         self.http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=socket_path, limits=limits),
                                       base_url="http://vllm", timeout=httpx.Timeout(3600.0, connect=10.0),
-                                      trust_env=False)
+                                      trust_env=False, headers=authorization_header(token))
         self.weight_version: int | str = 0
         self.paused = False
         self.partial_update: str | None = None  # why continuing is refused (a failed or unverified update)
@@ -104,7 +107,7 @@ class Front:
         await self.http.aclose()
 
     def _build_app(self) -> App:
-        app = App(name="vllm-front", max_body_bytes=256 * 1024 * 1024)
+        app = App(name="vllm-front", max_body_bytes=256 * 1024 * 1024, token=self.token)
         for method, path, handler in [
             ("POST", "/generate", self.generate),
             ("GET", "/health", self.health), ("GET", "/health_generate", self.health),

@@ -6,6 +6,10 @@ workers outlive a killed server), waits until it is healthy, labels its weights 
 then serves :class:`~agentrl_engine_vllm.front.Front` on a TCP port and writes ``{"url": ...}``
 to the port file. The child's output goes to this process's log. When vLLM exits, so does
 this process (its health checks fail first), and the driver's restart takes over.
+
+The run's token (``AGENTRL_TOKEN``, inherited from the driver) guards both hops: the front
+requires it of every request, and vLLM gets it as its API key (``VLLM_API_KEY``, vLLM's
+``--api-key`` without showing the secret in the process list), which the front sends.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import Any
 
 import httpx
 
-from agentrl_core.http.server import bind_socket, serve_app
+from agentrl_core.http.auth import authorization_header, env_token, require_token_to_bind
+from agentrl_core.http.server import bind_socket, check_bind, serve_app
 from agentrl_engine_vllm.front import Front
 from agentrl_engine_vllm.wire import version_value
 
@@ -58,6 +63,9 @@ def vllm_command(args: argparse.Namespace, socket_path: str) -> tuple[list[str],
         cmd += ["--gpu-memory-utilization", str(options["gpu_memory_utilization"])]
     env = {"VLLM_SERVER_DEV_MODE": "1",  # pause/resume, collective_rpc and the weight-transfer routes
            "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "300"}  # longer than the front keeps idle connections (front.py)
+    token = env_token()
+    if token is not None:  # vLLM's --api-key, read from its environment
+        env["VLLM_API_KEY"] = token
     if args.device == "cuda":
         cmd += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     else:
@@ -99,7 +107,7 @@ class VLLMChild:
 
 async def _wait_ready(socket_path: str, child: VLLMChild, deadline: float) -> None:
     async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=socket_path), base_url="http://vllm",
-                                 timeout=5.0, trust_env=False) as http:
+                                 timeout=5.0, trust_env=False, headers=authorization_header(env_token())) as http:
         while True:
             if not child.alive():
                 raise SystemExit(f"agentrl vllm engine: the vLLM server exited with code {child.proc.returncode} "
@@ -120,6 +128,7 @@ async def _serve(args: argparse.Namespace, child: VLLMChild, socket_path: str, s
         await front._vllm_ok("POST", "/update_weight_version", {"new_version": str(args.weight_version)})
         front.weight_version = version_value(args.weight_version)
         sock = bind_socket(args.host, args.port)
+        check_bind(sock, front.app)
         host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"http://{host}:{sock.getsockname()[1]}"
         stop = asyncio.Event()
@@ -169,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.served_model_name = args.served_model_name or Path(args.model).name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    require_token_to_bind(args.host, env_token(), service="vLLM engine")  # before vLLM starts
     if args.python == sys.executable and importlib.util.find_spec("vllm") is None:
         print(MISSING_VLLM.format(python=sys.executable), file=sys.stderr, flush=True)
         return 3
