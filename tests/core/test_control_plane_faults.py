@@ -82,8 +82,8 @@ def plugin_env(tmp_path_factory):
     return {"PYTHONPATH": str(root)}
 
 
-def start_controller(*args: str, port: int = 0) -> Spawned:
-    return spawn("controller", "--port", str(port), "--cancel-timeout", "5", *args)
+def start_controller(*args: str, port: int = 0, env: dict | None = None) -> Spawned:
+    return spawn("controller", "--port", str(port), "--cancel-timeout", "5", *args, env=env)
 
 
 def start_worker(controller: Spawned, plugin_env, *args: str) -> Spawned:
@@ -123,10 +123,10 @@ def plane(plugin_env):
     controller.stop()
 
 
-def wait_alive(url: str, workers: int = 1, timeout: float = 30.0) -> None:
+def wait_alive(url: str, workers: int = 1, timeout: float = 30.0, headers: dict | None = None) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        found = httpx.get(f"{url}/list_workers").json().get(TASK, {}).get("workers", {}).values()
+        found = httpx.get(f"{url}/list_workers", headers=headers).json().get(TASK, {}).get("workers", {}).values()
         if sum(w["state"] == "alive" for w in found) >= workers:
             return
         assert time.monotonic() < deadline, f"{workers} worker(s) did not register within {timeout} s"

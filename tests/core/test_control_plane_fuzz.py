@@ -1,8 +1,8 @@
 """The controller API fuzzed from its own OpenAPI document (schemathesis, bounded).
 
-A real controller and worker run as processes; every generated request must get a
-documented status with a JSON (or text, for metrics) body matching the document, and
-never a 5xx.
+A real controller and worker run as processes, sharing a run token as ``agentrl train``
+starts them; every generated request carries it and must get a documented status with a
+JSON (or text, for metrics) body matching the document, and never a 5xx.
 """
 
 from __future__ import annotations
@@ -22,14 +22,17 @@ from test_control_plane_faults import TASK, plugin_env, start_controller, start_
 pytestmark = pytest.mark.processes
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+TOKEN = "fuzz-run-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
 def fuzzed_controller(plugin_env):  # noqa: F811
     # a short connect timeout: fuzzed heartbeats register workers at addresses that do not exist
-    controller = start_controller("--max-body-bytes", "65536", "--connect-timeout", "0.5")
-    worker = start_worker(controller, plugin_env, "--concurrency", "8")
-    wait_alive(controller.url)
+    controller = start_controller("--max-body-bytes", "65536", "--connect-timeout", "0.5",
+                                  env={"AGENTRL_TOKEN": TOKEN})
+    worker = start_worker(controller, {**plugin_env, "AGENTRL_TOKEN": TOKEN}, "--concurrency", "8")
+    wait_alive(controller.url, headers=AUTH)
     yield controller
     worker.stop()
     assert controller.stop() == 0, "the controller did not survive the fuzzing"
@@ -59,9 +62,10 @@ def focus(document: dict, live_sessions: list[int]) -> dict:
 def test_controller_api_fuzzed(fuzzed_controller):
     # schemathesis' pytest plugin does not run under pytest 9 yet, so drive hypothesis per operation
     root = fuzzed_controller.url.removesuffix("/api")
-    live = [int(httpx.post(f"{fuzzed_controller.url}/start_sample", json={"name": TASK, "index": i}).headers["session_id"])
-            for i in range(3)]
-    document = focus(httpx.get(f"{root}/openapi.json").json(), live)
+    live = [int(httpx.post(f"{fuzzed_controller.url}/start_sample", json={"name": TASK, "index": i},
+                           headers=AUTH).headers["session_id"]) for i in range(3)]
+    assert httpx.get(f"{root}/openapi.json").status_code == 401
+    document = focus(httpx.get(f"{root}/openapi.json", headers=AUTH).json(), live)
     schema = schemathesis.openapi.from_dict(document)
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) == 17, sorted(op.label for op in operations)
@@ -72,7 +76,7 @@ def test_controller_api_fuzzed(fuzzed_controller):
         @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
                   database=None)
         def fuzz(case):
-            response = case.call(base_url=root, timeout=15)
+            response = case.call(base_url=root, timeout=15, headers=AUTH)
             case.validate_response(response, checks=CHECKS)
 
         try:

@@ -1,7 +1,8 @@
 """Wire compatibility with the real upstream packages from PyPI (docs/architecture.md section 4).
 
 * the upstream task worker (agentrl-worker 0.4.0) registers with our controller and serves
-  sessions unchanged;
+  sessions unchanged, with the controller requiring the run's token of everyone else
+  (``--unauthenticated-workers``: the upstream worker cannot send it);
 * the upstream evaluation client (agentrl-eval 0.1.2) plays episodes through our controller;
 * our worker registers with, and serves, a controller that follows the documented upstream
   behaviour (a test double in ``upstream/reference_controller.py``: the Go controller is
@@ -91,8 +92,12 @@ def wait_for(probe, timeout: float, what: str):
         time.sleep(0.1)
 
 
+TOKEN = "interop-run-token"
+
+
 def alive_workers(url: str, task: str) -> list[dict]:
-    workers = httpx.get(f"{url}/list_workers", timeout=5).json().get(task, {}).get("workers", {}).values()
+    headers = {"Authorization": f"Bearer {TOKEN}"}  # ignored by a controller without a token
+    workers = httpx.get(f"{url}/list_workers", timeout=5, headers=headers).json().get(task, {}).get("workers", {}).values()
     return [w for w in workers if w["state"] == "alive"]
 
 
@@ -102,6 +107,7 @@ def start_upstream_worker(python: str, controller_url: str, log: Path) -> tuple[
             "--controller", controller_url, "--self", f"http://127.0.0.1:{port}/api", "--host", "127.0.0.1",
             "--port", str(port), "--log-level", "WARNING"]
     env = {**os.environ, "PYTHONPATH": str(HELPERS)}
+    env.pop("AGENTRL_TOKEN", None)  # an upstream worker knows nothing of the token
     return subprocess.Popen(args, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=HELPERS), port
 
 
@@ -119,12 +125,14 @@ def call(messages_or_name, **arguments):
 
 
 async def test_upstream_worker_registers_with_our_controller_and_serves_sessions(upstream_python, tmp_path):
-    controller = spawn("controller", "--port", "0", "--cancel-timeout", "10")
+    controller = spawn("controller", "--port", "0", "--cancel-timeout", "10", "--unauthenticated-workers",
+                       env={"AGENTRL_TOKEN": TOKEN})
     worker, _ = start_upstream_worker(upstream_python, controller.url, tmp_path / "upstream-worker.log")
     try:
         wait_for(lambda: alive_workers(controller.url, "echo-upstream"), 90,
                  f"the upstream worker to register (log: {tmp_path / 'upstream-worker.log'})")
-        async with ControllerClient(controller.url) as client:
+        assert httpx.get(f"{controller.url}/list_workers").status_code == 401  # the clients' routes still need it
+        async with ControllerClient(controller.url, token=TOKEN) as client:
             assert await client.get_indices("echo-upstream") == [0, 1, 2, 3, 4]
             started = await client.start("echo-upstream", 3)
             assert started.messages == [{"role": "user", "content": "upstream task 3"}]
