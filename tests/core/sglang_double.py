@@ -39,6 +39,10 @@ and the weight updater of 0.5.x were read for each point):
 * ``/destroy_weights_update_group``, ``/get_server_info`` (server arguments,
   ``internal_states``, ``version``), ``/get_model_info``, ``/flush_cache`` (400 while
   requests run, as SGLang) are served;
+* ``--api-key KEY`` makes every route but ``/health*`` (and the test-only ``/double/*``)
+  answer 401 to a request without ``Authorization: Bearer KEY``, as SGLang 0.5.x's
+  ``add_api_key_middleware`` does (``/health`` and ``/metrics`` stay open there; its body is
+  ``{"error": "Unauthorized"}``, ours the HTTP kit's one sentence);
 * ``GET /double/requests`` (test-only) returns every request body received, by route,
   ``GET /double/state`` the environment, groups, received tensors, the admin calls in
   order and the tokens generated so far by each running request, and ``POST /double/config {load_s}`` sets the load time of a weight update.
@@ -76,6 +80,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--log-level", default="info")
     p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--api-key", default=None)
     return p.parse_args(argv)
 
 
@@ -123,7 +128,9 @@ class FakeSGLang:
         self.order: list[str] = []  # the routes called, in order
         self.tensors: dict[str, dict] = {}  # name -> {dtype, shape, sum} as received on TP rank 0
         self.model_params = _checkpoint_shapes(args.model_path)
-        self.app = App(name="sglang-double")
+        self.app = App(name="sglang-double", token=args.api_key,
+                       open_paths=("/health", "/health_generate", "/double/requests", "/double/state",
+                                   "/double/config"))
         for method, path, handler in [
             ("GET", "/health", self.health), ("GET", "/health_generate", self.health),
             ("GET", "/get_model_info", self.model_info), ("GET", "/get_server_info", self.server_info),

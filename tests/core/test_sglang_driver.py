@@ -241,7 +241,8 @@ def test_tensor_parallel_engines_join_the_weight_group_with_every_rank(tmp_path,
 @pytest.mark.processes
 def test_disk_sync_pauses_loads_and_continues(tmp_path, monkeypatch, tiny_model_dir):
     # unpaused, SGLang's /update_weights_from_disk waits for every running request to finish;
-    # the transport pauses (aborting them: the agent loop continues their turns) so a sync takes bounded time
+    # the transport pauses (aborting them: the agent loop continues their turns) so a sync takes bounded time.
+    # With the run's token: SGLang gets it as --api-key and the transport's client sends it.
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -249,11 +250,13 @@ def test_disk_sync_pauses_loads_and_continues(tmp_path, monkeypatch, tiny_model_
 
     shim = install_shim(tmp_path / "shim")
     monkeypatch.setenv("PYTHONPATH", str(shim))
+    monkeypatch.setenv("AGENTRL_TOKEN", "disk-sync-token")
     monkeypatch.setenv("SGLANG_DOUBLE_STARTUP_S", "0")
     driver = SGLangDriver(sglang_config(python=sys.executable, startup_timeout=60), log_dir=str(tmp_path / "logs"))
     weights = list(load_file(str(tiny_model_dir / "model.safetensors")).items())
     with driver:
         urls = driver.launch("current", str(tiny_model_dir), [[0]])
+        assert httpx.post(urls[0] + "/pause_generation", json={}, timeout=30).status_code == 401
         transport = DiskTransport(None, disk_path=str(tmp_path / "shared"), model_dir=str(tiny_model_dir),
                                   dtype="bfloat16", timeout_s=60)
         transport.connect(None, urls)
