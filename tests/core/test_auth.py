@@ -228,6 +228,10 @@ def test_gateway_admin_routes_need_the_token_and_the_engines_get_it(tiny_model_d
             for headers in WRONG:
                 response = httpx.request(method, gateway.url + path.replace("{id}", "x"), headers=headers, json={})
                 assert response.status_code == 401, (method, path, headers)
+            response = httpx.request(method, gateway.url + path.replace("{id}", "x"), headers=GOOD, json={})
+            assert response.status_code != 401, (method, path, response.text)
+        # the sweep announced a weight update (POST /admin/pause with the token worked): end it
+        assert httpx.post(gateway.url + "/admin/continue", headers=GOOD, json={}).status_code == 200
         # the agent's OpenAI routes answer to the session's key, not the run's token
         response = httpx.post(gateway.url + "/v1/chat/completions", json={"messages": []}, headers=GOOD)
         assert response.status_code == 401 and "session" in response.text

@@ -68,3 +68,26 @@ def test_the_nccl_transport_on_cpu_says_to_use_disk():
             transport.send(iter([]), 1)
     finally:
         transport.close()
+
+
+def test_the_runs_token_becomes_vllms_api_key_and_never_its_command_line(monkeypatch):
+    import argparse
+
+    from agentrl_engine_vllm.serve import vllm_command
+
+    args = argparse.Namespace(options={}, python="python", model="/m", served_model_name="current-0", device="cpu",
+                              cpus=None)
+    monkeypatch.setenv("AGENTRL_TOKEN", "vllm-run-token")
+    cmd, env = vllm_command(args, "/tmp/v.sock")
+    assert env["VLLM_API_KEY"] == "vllm-run-token"  # vLLM's --api-key, from its environment
+    assert "vllm-run-token" not in " ".join(cmd)
+    monkeypatch.delenv("AGENTRL_TOKEN")
+    assert "VLLM_API_KEY" not in vllm_command(args, "/tmp/v.sock")[1]
+
+
+def test_the_engine_refuses_a_public_address_without_a_token_before_starting_vllm(monkeypatch, tmp_path):
+    from agentrl_engine_vllm.serve import main
+
+    monkeypatch.delenv("AGENTRL_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="refusing to serve the vLLM engine on 0.0.0.0 without a token"):
+        main(["--model", str(tmp_path), "--host", "0.0.0.0"])
