@@ -182,3 +182,30 @@ def quickstart(session: nox.Session) -> None:
     _install_everything(session)
     session.chdir(ROOT)
     session.run("python", str(ROOT / "examples" / "quickstart.py"), *session.posargs)
+
+
+@nox.session(venv_backend="none", default=False)
+def bump_version(session: nox.Session) -> None:
+    """Set the one version of every package: ``nox -s bump_version -- 0.3.0`` (CONTRIBUTING: Releasing).
+
+    Writes ``VERSION`` (which every pyproject reads at build time) and moves every plugin's
+    ``agentrl-core>=X.Y,<X.(Y+1)`` pin, and the tutorial's, to the new version's series.
+    The changelog section stays a person's job.
+    """
+    import re
+
+    from packaging.version import Version
+
+    if len(session.posargs) != 1:
+        session.error("give the new version: nox -s bump_version -- X.Y.Z")
+    new = Version(session.posargs[0])
+    old = Version((ROOT / "VERSION").read_text().strip())
+    (ROOT / "VERSION").write_text(f"{new}\n")
+    pin = re.compile(r"agentrl-core(\[[a-z,]+\])?>=\d+\.\d+,<\d+\.\d+")
+    series = f">={new.major}.{new.minor},<{new.major}.{new.minor + 1}"
+    files = [*(d / "pyproject.toml" for d in PLUGINS.values()), ROOT / "plugins" / "agentrl-plugin-example" / "README.md"]
+    for path in files:
+        text = path.read_text()
+        path.write_text(pin.sub(lambda m: f"agentrl-core{m[1] or ''}{series}", text))
+    session.log(f"{old} -> {new}; agentrl-core pins now {series}. Add the '## [{new}] - DATE' section to CHANGELOG.md "
+                "and reinstall editable packages (their metadata keeps the version they were installed with).")

@@ -21,6 +21,23 @@ def test_version():
     assert out.returncode == 0 and out.stdout.strip() == f"agentrl-core {__version__}"
 
 
+def test_plugins_lists_a_plugin_built_for_another_core_series(tmp_path):
+    info = tmp_path / "agentrl_env_future-9.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: agentrl-env-future\nVersion: 9.0.0\n"
+                                   "Requires-Dist: agentrl-core<9.1,>=9.0\n")
+    (info / "entry_points.txt").write_text("[agentrl]\nenv_future = future_mod\n")
+    (tmp_path / "future_mod.py").write_text("raise SystemExit('imported although incompatible')\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    records = {r["name"]: r for r in json.loads(agentrl("plugins", "--json", env=env).stdout)}
+    assert records["env_future"]["status"] == "incompatible"
+    assert records["env_future"]["error"].startswith(
+        f"plugin 'env_future' from agentrl-env-future 9.0.0 was built for agentrl-core >=9.0,<9.1 but agentrl-core "
+        f"{__version__} is installed: install a release of agentrl-env-future made for agentrl-core ")
+    text = agentrl("plugins", env=env)
+    assert text.returncode == 0 and "incompatible: plugin 'env_future'" in text.stdout, text.stdout + text.stderr
+
+
 def make_broken_dist(root):
     info = root / "agentrl_env_broken-0.0.1.dist-info"
     info.mkdir(parents=True)

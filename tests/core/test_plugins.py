@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import inspect
+from importlib import metadata
 
 import pytest
 
-from agentrl_core import hookspecs
+from agentrl_core import __version__, hookspecs
 from agentrl_core.errors import PluginError
-from agentrl_core.plugins import get_plugin_manager
+from agentrl_core.plugins import get_plugin_manager, incompatibility, required_core
 from agentrl_core.registry import KINDS, Registry, list_plugins
 from agentrl_core.testing import register_plugin, temporary_distribution
 from agentrl_core.types import EnvironmentSpec
@@ -181,3 +182,52 @@ def test_importing_core_loads_no_plugin():
         "assert not [m for m in sys.modules if m.startswith('agentrl_') and not m.startswith('agentrl_core')]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _series_pin(minor_offset: int) -> str:
+    """``>=0.Y,<0.(Y+1)`` for the installed core's series shifted by ``minor_offset``."""
+    major, minor = (int(part) for part in __version__.split(".")[:2])
+    return f">={major}.{minor + minor_offset},<{major}.{minor + minor_offset + 1}"
+
+
+def test_incompatibility_names_both_versions_in_one_sentence():
+    assert incompatibility("env_x", "agentrl-env-x", "0.1.0", "<0.2,>=0.1", core_version="0.2.0") == (
+        "plugin 'env_x' from agentrl-env-x 0.1.0 was built for agentrl-core >=0.1,<0.2 but agentrl-core 0.2.0 is "
+        "installed: install a release of agentrl-env-x made for agentrl-core 0.2.x (pip install -U agentrl-env-x) "
+        "or an agentrl-core >=0.1,<0.2"
+    )
+    assert incompatibility("env_x", "agentrl-env-x", "0.2.0", "<0.3,>=0.2", core_version="0.2.7") is None
+    assert incompatibility("env_x", "agentrl-env-x", "1.4.0", None, core_version="0.2.0") is None  # no pin: trusted
+    assert incompatibility("env_x", "agentrl-env-x", "0.2.0", "<0.3,>=0.2", core_version="0.3.0") is not None
+    # pip's rule too: a release candidate of 0.3.0 is not in >=0.3 ...
+    assert incompatibility("env_x", "agentrl-env-x", "0.3.0", "<0.4,>=0.3", core_version="0.3.0rc1") is not None
+    # ... but is in a pin that allows it.
+    assert incompatibility("env_x", "agentrl-env-x", "0.3.0", "<0.4,>=0.3.0rc1", core_version="0.3.0rc1") is None
+
+
+def test_plugin_for_another_core_series_is_refused_before_import(tmp_path):
+    old = _series_pin(-1) if int(__version__.split(".")[1]) > 0 else _series_pin(+1)
+    with temporary_distribution(tmp_path, "agentrl-env-old", entry_points={"env_old": "old_plugin"},
+                                modules={"old_plugin": BROKEN}, requires=[f"agentrl-core{old}", "aiomysql>=0.2"]):
+        pm = get_plugin_manager(environ={})
+        record = pm.records["env_old"]
+        assert record.status == "incompatible"
+        assert f"agentrl-core {old}" in record.error and f"agentrl-core {__version__} is installed" in record.error
+        assert "\n" not in record.error and "broken on purpose" not in record.error  # never imported
+        assert {r.name: r.status for r in list_plugins(pm)}["env_old"] == "incompatible"
+        with pytest.raises(PluginError, match="unknown environment 'old'.*'env_old' .*incompatible: plugin 'env_old'"):
+            Registry(pm).get_environment("old")
+        with pytest.raises(PluginError, match=r"was built for agentrl-core .* \(AGENTRL_STRICT_PLUGINS is set\)"):
+            get_plugin_manager(environ={"AGENTRL_STRICT_PLUGINS": "1"})
+
+
+def test_plugin_for_this_core_series_loads_and_extras_pins_do_not_count(tmp_path):
+    requires = [f"agentrl-core[torch]{_series_pin(0)}", f'agentrl-core{_series_pin(5)}; extra == "legacy"']
+    with temporary_distribution(tmp_path, "agentrl-env-current", entry_points={"env_current": "current_plugin"},
+                                modules={"current_plugin": GOOD.format(env="current", module="current_plugin")},
+                                requires=requires):
+        pm = get_plugin_manager(environ={})
+        declared = required_core(metadata.distribution("agentrl-env-current"))
+        assert set(declared.split(",")) == set(_series_pin(0).split(","))
+        assert pm.records["env_current"].status == "ok"
+        assert "current" in Registry(pm).names("environment")

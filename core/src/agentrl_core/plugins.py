@@ -3,7 +3,9 @@
 Nothing is loaded at import time. :func:`get_plugin_manager` builds a fresh manager:
 core's built-ins are registered explicitly, then every entry point of group ``agentrl``
 is loaded in its own ``try``: a broken plugin is recorded (name, distribution, versions,
-error) and skipped, unless ``AGENTRL_STRICT_PLUGINS=1``. ``AGENTRL_PLUGINS=a,b`` loads
+error) and skipped, unless ``AGENTRL_STRICT_PLUGINS=1``. A plugin whose distribution requires
+an ``agentrl-core`` that is not the installed one (built for another ``0.Y`` series) is not
+imported at all: it is recorded as ``incompatible``, naming both versions. ``AGENTRL_PLUGINS=a,b`` loads
 only those entry points; ``AGENTRL_DISABLE_PLUGINS=x,y`` blocks some.
 """
 
@@ -17,6 +19,9 @@ from importlib import metadata
 import attrs
 import pluggy
 from attrs import frozen
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from agentrl_core import hookspecs
 from agentrl_core._version import __version__
@@ -36,7 +41,7 @@ class PluginRecord:
     name: str
     distribution: str
     version: str
-    status: str  # "ok", "failed" or "disabled"
+    status: str  # "ok", "failed", "incompatible" or "disabled"
     error: str | None = None
     hooks: tuple[str, ...] = ()
     provides: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
@@ -132,6 +137,53 @@ def _entry_points() -> list[metadata.EntryPoint]:
     return sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
 
+def required_core(dist: metadata.Distribution | None) -> str | None:
+    """The ``agentrl-core`` version specifier a distribution declares (``">=0.2,<0.3"``), if any.
+
+    Requirements behind an extra or another environment marker are not the plugin's own need
+    of core, so only unconditional ones count.
+    """
+    for line in (dist.requires or []) if dist is not None else []:
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(requirement.name) != CORE_DISTRIBUTION:
+            continue
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        return str(requirement.specifier) or None
+    return None
+
+
+def incompatibility(plugin: str, dist: str, version: str, specifier: str | None, core_version: str = __version__) -> str | None:
+    """One sentence saying why ``plugin`` cannot run with this core, or None when it can."""
+    if specifier is None:
+        return None
+    from packaging.specifiers import SpecifierSet
+
+    try:
+        compatible = SpecifierSet(specifier).contains(Version(core_version), prereleases=True)
+    except InvalidVersion:  # an uninstalled source tree ("0+unknown"): nothing to compare
+        return None
+    if compatible:
+        return None
+    return (
+        f"plugin {plugin!r} from {dist} {version} was built for agentrl-core{_spaced(specifier)} but agentrl-core "
+        f"{core_version} is installed: install a release of {dist} made for agentrl-core {_series(core_version)} "
+        f"(pip install -U {dist}) or an agentrl-core{_spaced(specifier)}"
+    )
+
+
+def _spaced(specifier: str) -> str:
+    return " " + ",".join(sorted(specifier.split(","), key=lambda s: s.lstrip("<>=!~")))
+
+
+def _series(version: str) -> str:
+    release = Version(version).release
+    return ".".join(str(part) for part in (release + (0,))[:2]) + ".x"
+
+
 def _load_entry_points(pm: AgentrlPluginManager, environ: Mapping[str, str]) -> None:
     only = _split_env(environ.get("AGENTRL_PLUGINS"))
     disabled = _split_env(environ.get("AGENTRL_DISABLE_PLUGINS"))
@@ -147,6 +199,13 @@ def _load_entry_points(pm: AgentrlPluginManager, environ: Mapping[str, str]) -> 
         if (only and ep.name not in only) or ep.name in disabled:
             why = "not in AGENTRL_PLUGINS" if only and ep.name not in only else "in AGENTRL_DISABLE_PLUGINS"
             pm.records[ep.name] = PluginRecord(ep.name, dist, version, "disabled", error=why, entry_point=declared)
+            continue
+        refused = incompatibility(ep.name, dist, version, required_core(ep.dist))
+        if refused:
+            if strict:
+                raise PluginError(refused + " (AGENTRL_STRICT_PLUGINS is set)")
+            log.warning("%s; skipped", refused)
+            pm.records[ep.name] = PluginRecord(ep.name, dist, version, "incompatible", error=refused, entry_point=declared)
             continue
         try:
             plugin = ep.load()

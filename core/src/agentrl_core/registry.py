@@ -72,8 +72,8 @@ def _is_installed(dist: str) -> bool:
 
 
 def _failed_plugins_note(pm: AgentrlPluginManager) -> str:
-    """Installed plugins that are not loaded (failed or disabled): the likely reason for a miss."""
-    skipped = sorted((r for r in pm.records.values() if r.status in ("failed", "disabled")), key=lambda r: r.name)
+    """Installed plugins that are not loaded (failed, incompatible or disabled): the likely reason for a miss."""
+    skipped = sorted((r for r in pm.records.values() if not r.ok), key=lambda r: r.name)
     if not skipped:
         return ""
     which = "; ".join(f"{r.name!r} ({r.distribution} {r.version}) {r.status}: {r.error}" for r in skipped)

@@ -34,7 +34,7 @@ import contextlib
 import importlib
 import sys
 import textwrap
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,19 +73,22 @@ def register_plugin(plugin: object, name: str = "test-plugin", *, load_entry_poi
 
 @contextlib.contextmanager
 def temporary_distribution(
-    root: Path, dist_name: str, *, entry_points: Mapping[str, str], modules: Mapping[str, str], version: str = "0.0.1"
+    root: Path, dist_name: str, *, entry_points: Mapping[str, str], modules: Mapping[str, str], version: str = "0.0.1",
+    requires: Sequence[str] = (),
 ) -> Iterator[Path]:
     """Write a minimal installed distribution under ``root`` and put it on ``sys.path``.
 
     ``entry_points`` maps entry-point names (group ``agentrl``) to module names;
-    ``modules`` maps module names to their source.
+    ``modules`` maps module names to their source; ``requires`` are its ``Requires-Dist``
+    lines (``"agentrl-core>=0.2,<0.3"``).
     """
     root.mkdir(parents=True, exist_ok=True)
     for module, source in modules.items():
         (root / f"{module}.py").write_text(textwrap.dedent(source))
     info = root / f"{dist_name.replace('-', '_')}-{version}.dist-info"
     info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: {version}\n")
+    requires_lines = "".join(f"Requires-Dist: {line}\n" for line in requires)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: {version}\n{requires_lines}")
     lines = ["[agentrl]"] + [f"{ep} = {mod}" for ep, mod in entry_points.items()]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
     sys.path.insert(0, str(root))

@@ -1,3 +1,5 @@
 """agentrl-advnorm-task: standardize advantages per task (data_source) within a batch."""
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+__version__ = metadata.version("agentrl-advnorm-task")  # the root VERSION file, at build time

@@ -1,3 +1,5 @@
 """agentrl rollout engine ``vllm``: vLLM servers behind agentrl's engine protocol (README.md)."""
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+__version__ = metadata.version("agentrl-engine-vllm")  # the root VERSION file, at build time

@@ -1,3 +1,5 @@
 """agentrl-env-alfworld: AgentBench-FC's ALFWorld household environment (``alfworld``)."""
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+__version__ = metadata.version("agentrl-env-alfworld")  # the root VERSION file, at build time

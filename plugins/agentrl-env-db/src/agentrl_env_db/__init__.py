@@ -3,4 +3,6 @@
 The environment itself lives in :mod:`agentrl_env_db.env`; this package import is cheap.
 """
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+__version__ = metadata.version("agentrl-env-db")  # the root VERSION file, at build time

@@ -1,3 +1,5 @@
 """agentrl-env-kg: AgentBench's knowledge-graph environment for agentrl (environment ``kg``)."""
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+__version__ = metadata.version("agentrl-env-kg")  # the root VERSION file, at build time

@@ -1,3 +1,5 @@
 """agentrl-env-os: the AgentBench OS interaction environment (``os``) in real Docker containers."""
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+__version__ = metadata.version("agentrl-env-os")  # the root VERSION file, at build time

@@ -1,3 +1,5 @@
 """agentrl-env-webshop: the WebShop environment (search, compare and buy in a simulated shop)."""
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+__version__ = metadata.version("agentrl-env-webshop")  # the root VERSION file, at build time

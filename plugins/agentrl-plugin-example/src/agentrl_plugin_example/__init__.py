@@ -1,3 +1,5 @@
 """agentrl-plugin-example: the ``calc`` environment, a template for environment plugins."""
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+__version__ = metadata.version("agentrl-plugin-example")  # the root VERSION file, at build time

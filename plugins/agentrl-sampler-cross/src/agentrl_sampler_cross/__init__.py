@@ -1,3 +1,5 @@
 """agentrl-sampler-cross: cross-policy sampling with a stale engine pool."""
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+__version__ = metadata.version("agentrl-sampler-cross")  # the root VERSION file, at build time
