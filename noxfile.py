@@ -1,4 +1,4 @@
-"""Test sessions: core alone, each plugin alone with core, integration, lint, standalone.
+"""Test sessions: core alone, each plugin alone with core, integration, lint, standalone, index.
 
 ``nox`` runs every default session (what CI runs); ``nox -l`` lists them; ``nox -s env_db``
 runs one. Plugin sessions are discovered from ``plugins/*/pyproject.toml``; a plugin can
@@ -131,6 +131,40 @@ def lint(session: nox.Session) -> None:
     session.run("lint-imports", str(ROOT / ".importlinter.generated"))
 
 
+def _build_from_archive(session: nox.Session, work: Path) -> tuple[Path, Path]:
+    """Unpack ``git archive HEAD`` under ``work`` and build an sdist, then from it a wheel, of every package.
+
+    Returns (the unpacked source, the folder of artefacts).
+    """
+    import subprocess
+    import tarfile
+
+    archive = work / "head.tar"
+    with open(archive, "wb") as out:
+        subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", "HEAD"], stdout=out, check=True)
+    source = work / "agentrl"
+    with tarfile.open(archive) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(source, filter="data")
+        else:  # pragma: no cover - Python without extraction filters; our own archive
+            tar.extractall(source)
+    dist = work / "dist"
+    packages = [source / "core"] + sorted(p.parent for p in (source / "plugins").glob("*/pyproject.toml"))
+    # Every package's declared build requirements, installed once into this venv (which has
+    # nothing else but pip and build), then builds without per-build isolation: the same
+    # check that the declared requirements suffice, without 20 throwaway build envs (~1 min).
+    requires = sorted({r for p in packages
+                       for r in tomllib.loads((p / "pyproject.toml").read_text())["build-system"]["requires"]})
+    _install(session, "build>=1.2", *requires)
+    for package in packages:  # sdist first, then the wheel from that sdist (python -m build's default)
+        session.run("python", "-m", "build", "--no-isolation", "--outdir", str(dist), str(package), silent=True)
+    wheels = sorted(dist.glob("*.whl"))
+    sdists = sorted(dist.glob("*.tar.gz"))
+    if len(wheels) != len(packages) or len(sdists) != len(packages):
+        session.error(f"expected a wheel and an sdist for each of {len(packages)} packages, got {wheels} {sdists}")
+    return source, dist
+
+
 @nox.session
 def standalone(session: nox.Session) -> None:
     """A bare copy of HEAD (``git archive``, no sibling folders) builds, installs and runs.
@@ -140,38 +174,37 @@ def standalone(session: nox.Session) -> None:
     environments with their packaged data, from a folder outside any checkout.
     """
     import shutil
-    import subprocess
-    import tarfile
     import tempfile
 
     work = Path(tempfile.mkdtemp(prefix="agentrl-standalone-"))
     try:
-        archive = work / "head.tar"
-        with open(archive, "wb") as out:
-            subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", "HEAD"], stdout=out, check=True)
-        source = work / "agentrl"
-        with tarfile.open(archive) as tar:
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(source, filter="data")
-            else:  # pragma: no cover - Python without extraction filters; our own archive
-                tar.extractall(source)
-        dist = work / "dist"
-        packages = [source / "core"] + sorted(p.parent for p in (source / "plugins").glob("*/pyproject.toml"))
-        # Every package's declared build requirements, installed once into this venv (which has
-        # nothing else but pip and build), then builds without per-build isolation: the same
-        # check that the declared requirements suffice, without 20 throwaway build envs (~1 min).
-        requires = sorted({r for p in packages
-                           for r in tomllib.loads((p / "pyproject.toml").read_text())["build-system"]["requires"]})
-        _install(session, "build>=1.2", *requires)
-        for package in packages:  # sdist first, then the wheel from that sdist (python -m build's default)
-            session.run("python", "-m", "build", "--no-isolation", "--outdir", str(dist), str(package), silent=True)
-        wheels = sorted(str(w) for w in dist.glob("*.whl"))
-        sdists = sorted(dist.glob("*.tar.gz"))
-        if len(wheels) != len(packages) or len(sdists) != len(packages):
-            session.error(f"expected a wheel and an sdist for each of {len(packages)} packages, got {wheels} {sdists}")
-        _install(session, *wheels)
+        source, dist = _build_from_archive(session, work)
+        _install(session, *sorted(str(w) for w in dist.glob("*.whl")))
         session.chdir(work)  # no checkout on sys.path or in the working directory
         session.run("python", str(source / "tests" / "standalone_check.py"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@nox.session
+def index(session: nox.Session) -> None:
+    """The artefacts of ``git archive HEAD``, published to a loopback package index, install by name.
+
+    Builds as ``standalone`` does; ``twine check`` and a contents check of every artefact;
+    ``twine upload`` to pypiserver on 127.0.0.1; then, in fresh venvs against that index plus
+    the normal one, ``pip install agentrl-core agentrl-env-db`` (no torch), ``pip install
+    'agentrl-core[train]' agentrl-env-alfworld agentrl-sampler-cross`` and the plugin
+    tutorial's third-party plugin (tests/index_check.py).
+    """
+    import shutil
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="agentrl-index-build-"))
+    try:
+        source, dist = _build_from_archive(session, work)
+        _install(session, "twine>=6.1", "check-wheel-contents>=0.6", "pypiserver>=2.3")
+        session.chdir(work)
+        session.run("python", str(source / "tests" / "index_check.py"), str(dist), str(source))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
