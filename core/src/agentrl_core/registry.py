@@ -59,8 +59,8 @@ def install_hint(kind: str, name: str) -> str:
     return f" (install {dist}?: {INSTALL_HOWTO.format(dist=dist)})"
 
 
-# How to install a plugin while the packages are not on PyPI; the root README says the same.
-INSTALL_HOWTO = "from a checkout of agentrl, pip install -c constraints.txt ./plugins/{dist} (see the README, section Install)"
+# How to install a plugin, from the index or a checkout; the root README (section Install) says the same.
+INSTALL_HOWTO = "pip install {dist}, or from a checkout of agentrl, pip install -c constraints.txt ./plugins/{dist} (see the README, section Install)"
 
 
 def _is_installed(dist: str) -> bool:
