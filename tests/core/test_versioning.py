@@ -9,13 +9,18 @@ ships the licence.
 from __future__ import annotations
 
 import re
-import tomllib
+import sys
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 
 from agentrl_core import __version__
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - pytest brings tomli on 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = (ROOT / "VERSION").read_text().strip()
