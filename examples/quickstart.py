@@ -50,7 +50,8 @@ def main() -> int:
     setup_s = time.monotonic() - t0
 
     t1 = time.monotonic()
-    train = ["train", args.config, *common, "--set", f"model.path={out / 'sft_model'}"]
+    # --overwrite: running the main job again replaces its previous training run (model, demos and SFT model stay)
+    train = ["train", args.config, *common, "--set", f"model.path={out / 'sft_model'}", "--overwrite"]
     if args.steps is not None:
         train += ["--set", f"train.total_steps={args.steps}"]
     agentrl(*train)

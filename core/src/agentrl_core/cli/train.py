@@ -11,12 +11,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a key, e.g. --set train.mode=sync (repeatable)")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete a previous run's outputs in the run directory first (its model, data and SFT model stay)")
     p.add_argument("--address", help="an existing Ray cluster (default: start a local Ray)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from agentrl_core.config import load_config
+    from agentrl_core.jobs.run_folder import prepare_run_folder
     from agentrl_core.jobs.training import Trainer
     from agentrl_core.modelpath import check_model_path
     from agentrl_core.registry import Registry
@@ -28,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides, registry=registry)
     check_model_path(config.model.path)
     config = _agent_path_from_config_dir(config, args.config)
+    prepare_run_folder(config.run.dir, resume=args.resume, overwrite=args.overwrite, model_path=config.model.path)
     summary = Trainer(config, resume=args.resume, registry=registry).run()
     return 130 if summary.get("interrupted") else 0  # stopped early by SIGINT/SIGTERM, state saved
 

@@ -1,0 +1,84 @@
+"""A run folder holds one training run: a second one is refused, or clears the first with --overwrite."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agentrl_core.jobs.run_folder import RunFolderError, prepare_run_folder, previous_run
+
+
+def agentrl(*args):
+    return subprocess.run([sys.executable, "-m", "agentrl_core.cli.main", *args], capture_output=True, text=True,
+                          env=dict(os.environ))
+
+
+def previous(run_dir):
+    """A run folder as the main job leaves it: set-up outputs beside a finished training run."""
+    (run_dir / "sft_model").mkdir(parents=True)
+    (run_dir / "sft_model" / "config.json").write_text("{}")
+    (run_dir / "demos.jsonl").write_text("{}\n")
+    (run_dir / "checkpoints" / "step_000006").mkdir(parents=True)
+    (run_dir / "final_model").mkdir()
+    (run_dir / "logs").mkdir()
+    (run_dir / "logs" / "controller.log").write_text("old\n")
+    for name in ("metrics.jsonl", "trained_groups.jsonl", "summary.json", "config.yaml"):
+        (run_dir / name).write_text("{}\n")
+    return run_dir
+
+
+def test_an_empty_or_set_up_only_folder_takes_a_run(tmp_path):
+    prepare_run_folder(tmp_path / "new", resume=False, overwrite=False)
+    run_dir = tmp_path / "setup"
+    (run_dir / "sft_model").mkdir(parents=True)
+    (run_dir / "sft_metrics.jsonl").write_text("{}\n")
+    assert previous_run(run_dir) == []
+    prepare_run_folder(run_dir, resume=False, overwrite=False)
+
+
+def test_a_previous_run_is_refused_naming_resume_and_overwrite(tmp_path):
+    run_dir = previous(tmp_path / "run")
+    with pytest.raises(RunFolderError) as err:
+        prepare_run_folder(run_dir, resume=False, overwrite=False)
+    message = str(err.value)
+    assert "--resume" in message and "--overwrite" in message and str(run_dir) in message
+    assert "checkpoints, final_model, metrics.jsonl, trained_groups.jsonl, summary.json" in message
+    assert (run_dir / "metrics.jsonl").exists()  # nothing touched
+    prepare_run_folder(run_dir, resume=True, overwrite=False)  # --resume continues it
+
+
+def test_overwrite_deletes_only_what_training_wrote(tmp_path):
+    run_dir = previous(tmp_path / "run")
+    said = []
+    prepare_run_folder(run_dir, resume=False, overwrite=True, model_path=str(run_dir / "sft_model"), echo=said.append)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["demos.jsonl", "sft_model"]
+    assert (run_dir / "sft_model" / "config.json").exists()
+    assert said and "--overwrite: deleted" in said[0]
+    assert previous_run(run_dir) == []
+
+
+def test_overwrite_never_deletes_the_model_it_starts_from(tmp_path):
+    run_dir = previous(tmp_path / "run")
+    with pytest.raises(RunFolderError, match="holds model.path"):
+        prepare_run_folder(run_dir, resume=False, overwrite=True, model_path=str(run_dir / "final_model"))
+    assert (run_dir / "final_model").exists() and (run_dir / "metrics.jsonl").exists()
+
+
+def test_resume_and_overwrite_together_are_one_sentence(tmp_path):
+    with pytest.raises(RunFolderError, match="contradict"):
+        prepare_run_folder(tmp_path, resume=True, overwrite=True)
+
+
+def test_agentrl_train_refuses_a_folder_with_a_previous_run(tmp_path):
+    run_dir = previous(tmp_path / "run")
+    config = tmp_path / "run.yaml"
+    config.write_text(f"run:\n  output_dir: {run_dir}\nmodel:\n  path: {run_dir / 'sft_model'}\n"
+                      "tasks: []\n")
+    out = agentrl("train", str(config))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"agentrl: error: {run_dir} holds a previous training run"), lines
+    assert "--resume" in lines[0] and "--overwrite" in lines[0]
