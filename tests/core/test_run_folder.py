@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -82,3 +83,18 @@ def test_agentrl_train_refuses_a_folder_with_a_previous_run(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"agentrl: error: {run_dir} holds a previous training run"), lines
     assert "--resume" in lines[0] and "--overwrite" in lines[0]
+
+
+def test_trained_policy_is_the_summarys_final_model(tmp_path):
+    from agentrl_core.jobs.run_folder import trained_policy
+
+    run_dir = tmp_path / "run"
+    (run_dir / "elsewhere").mkdir(parents=True)
+    (run_dir / "elsewhere" / "config.json").write_text("{}")
+    (run_dir / "config.yaml").write_text("run: {}\n")
+    with pytest.raises(RunFolderError, match="holds no final model"):
+        trained_policy(run_dir)
+    (run_dir / "summary.json").write_text(json.dumps({"final_model": str(run_dir / "elsewhere")}))
+    assert trained_policy(run_dir) == (run_dir / "config.yaml", run_dir / "elsewhere")
+    with pytest.raises(RunFolderError, match="not the folder of an `agentrl train` run"):
+        trained_policy(tmp_path)

@@ -55,3 +55,23 @@ def test_eval_openai_endpoint_baseline(tmp_path, tiny_model_dir):
         driver.shutdown()
     task = summary["models"]["openai"]["calc-test"]
     assert task["episodes"] + task["infra_failures"] == 12 and task["infra_failures"] == 0
+
+
+def test_eval_of_a_run_folder_evaluates_its_final_policy_and_says_so(tmp_path, tiny_model_dir):
+    # a finished run's folder as agentrl train leaves it: its config, and summary.json naming the final model
+    import shutil
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    final = shutil.copytree(tiny_model_dir, run_dir / "final_model")
+    config = base_config(tmp_path, tmp_path / "the_sft_model_that_is_gone")
+    config["run"]["output_dir"] = str(run_dir)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    (run_dir / "summary.json").write_text(json.dumps({"steps": 2, "final_model": str(final)}))
+    out = subprocess.run([sys.executable, "-m", "agentrl_core.cli.main", "eval", str(run_dir), "--set",
+                          "eval.repeats=1"], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"evaluating the trained policy of run folder {run_dir}: {final}" in out.stdout
+    assert f"model default: {final} (model.path)" in out.stdout
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    assert summary["models"]["default"]["calc-test"]["episodes"] == 6

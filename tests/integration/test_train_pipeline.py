@@ -113,6 +113,10 @@ def test_sigkill_and_resume_trains_the_same_groups(tmp_path, tiny_model_dir):
 
     out = finish(agentrl("train", str(config), "--resume"))
     assert "resumed from" in out and "at step 2" in out and "training, per task" in out
+    # the trained policy is exported as a Hugging Face folder, and summary.json points at it
+    final = Path(json.loads((run_dir / "summary.json").read_text())["final_model"])
+    assert final == (run_dir / "final_model").resolve() and (final / "config.json").is_file()
+    assert (final / "model.safetensors").is_file() and f"agentrl eval {run_dir}" in out
     groups = epoch0(trained(run_dir))
     assert len(groups) == len(set(groups)), "a group was trained twice"
     indices = sorted(int(g.rsplit("-e0-", 1)[1]) for g in groups)

@@ -244,7 +244,8 @@ class TrainConfig:
     reference: bool = True  # keep a frozen reference model (needed when kl_coef > 0)
     checkpoint_every: int = field(default=50, validator=in_range(0))
     keep_checkpoints: int = field(default=3, validator=in_range(1))
-    save_hf_model: bool = False
+    save_hf_model: bool = False  # also a Hugging Face copy of the weights in every checkpoint (<checkpoint>/hf)
+    final_model: bool = True  # write the trained policy as a Hugging Face folder, <run dir>/final_model, at the end
     eval_every: int = field(default=0, validator=in_range(0))
     eval_tasks: list[TaskConfig] = field(factory=list)
 

@@ -113,6 +113,8 @@ class Evaluation:
             else:
                 play, names, mode = await self._token_players(client, engine_urls), sorted(self.models), c.eval.mode
             requests = await build_requests(client, self.tasks, c.eval.repeats, names, mode)
+            for line in self.describe_models():
+                self.echo(line)
             self.echo(f"evaluating {len(requests)} episodes ({mode}, {c.eval.repeats} repeats, "
                       f"{len(self.tasks)} tasks, models {', '.join(names)})")
             await run_requests(requests, play, concurrency=c.eval.concurrency, on_result=writer.add,
@@ -122,6 +124,17 @@ class Evaluation:
         print_summaries(summaries, self.echo)
         self.echo(f"\ntrajectories and summary in {self.out_dir}")
         return {m: {t: s.to_json() for t, s in ts.items()} for m, ts in summaries.items()}
+
+    def describe_models(self) -> list[str]:
+        """One line per evaluated model: its name and where its weights come from."""
+        if self.openai:
+            return [f"model openai: {self.openai['model']} at {self.openai['base_url']}"]
+        lines = []
+        for name, m in sorted(self.models.items()):
+            where = ", ".join(m.urls) if m.urls else str(m.path)
+            source = " (model.path)" if not self.config.eval.models else f" (eval.models.{name})"
+            lines.append(f"model {name}: {where}{source}")
+        return lines
 
     async def _token_players(self, client: Any, engine_urls: dict[str, list[str]]) -> Any:
         from agentrl_core.rollout.engine_client import EnginePool

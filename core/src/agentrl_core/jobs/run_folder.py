@@ -53,3 +53,21 @@ def prepare_run_folder(run_dir: Path, *, resume: bool, overwrite: bool, model_pa
         else:
             path.unlink()
     echo(f"--overwrite: deleted the previous run's {', '.join(p.name for p in doomed)} in {run_dir}")
+
+
+def trained_policy(run_dir: Path) -> tuple[Path, Path]:
+    """The config and the final model of a finished run in ``run_dir`` (for ``agentrl eval RUN_DIR``)."""
+    import json
+
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        raise RunFolderError(f"{run_dir} is not the folder of an `agentrl train` run (it has no config.yaml); "
+                             "give a run folder or a config file")
+    summary = run_dir / "summary.json"
+    recorded = json.loads(summary.read_text()).get("final_model") if summary.is_file() else None
+    model = Path(recorded) if recorded else run_dir / "final_model"
+    if not (model / "config.json").is_file():
+        raise RunFolderError(
+            f"{run_dir} holds no final model ({model} is missing): the run has not finished, or it ran with "
+            "train.final_model=false; evaluate a model folder with --set model.path=DIR instead")
+    return config, model

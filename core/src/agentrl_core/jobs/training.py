@@ -571,9 +571,9 @@ class Trainer:
         if c.train.checkpoint_every and self.step % c.train.checkpoint_every:
             await self.save_checkpoint()
         final_model = None
-        if c.train.save_hf_model:
+        if c.train.final_model or c.train.save_hf_model:
             async with self.learner_lock:
-                final_model = await self.pools.learner.save_hf_model(str(self.run_dir / "final_model"))
+                final_model = await self.pools.learner.save_hf_model(str((self.run_dir / "final_model").resolve()))
         summary: dict[str, Any] = {"steps": self.step, "final_model": final_model, "interrupted": interrupted}
         if c.train.eval_tasks and not interrupted:
             summary["validation"] = await self.validate()
@@ -582,6 +582,9 @@ class Trainer:
             self.echo("\nfinal validation (current weights):\n" + format_table(self.last_validation))
         self.echo("\ntraining, per task (first and last step):\n" + training_table(self.history))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        if final_model:
+            self.echo(f"\nthe trained policy (step {self.step}) is a Hugging Face folder: {final_model}\n"
+                      f"evaluate it with: agentrl eval {self.run_dir}")
         return summary
 
 
