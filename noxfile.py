@@ -219,6 +219,9 @@ def index(session: nox.Session) -> None:
 @nox.session(default=False)
 def quickstart(session: nox.Session) -> None:
     """The README's main job: a short CPU training run with embedded defaults."""
+    if not (Path(session.virtualenv.location) / "bin" / "agentrl").exists():
+        session.log("installing agentrl-core and every plugin with torch (CPU), once: about 4 to 7 minutes on "
+                    "2 cores (pip prints nothing while it works; compiling fast-downward-textworld is the longest part)")
     _install_everything(session)
     session.chdir(ROOT)
     session.run("python", str(ROOT / "examples" / "quickstart.py"), *session.posargs)

@@ -56,3 +56,24 @@ def test_filters_and_truncation(tokenizer):
     assert len(encode_demonstrations(tokenizer, [record, bad], max_total_len=4096, min_reward=1.0)) == 1
     short = encode_demonstration(tokenizer, record, max_total_len=50)
     assert len(short.input_ids) == len(short.loss_mask) == 50
+
+
+def test_sft_reports_progress_with_total_and_eta(tmp_path, tiny_model_dir):
+    import json
+
+    from agentrl_core.config import load_config
+    from agentrl_core.jobs.sft import run_sft
+
+    record = anyio.run(play_episode, SumEnv(), "test", 0, SumOracle()).to_json()
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("".join(json.dumps(record) + "\n" for _ in range(5)))
+    config = load_config(None, [f"model.path={tiny_model_dir}", f"sft.data=[{demos}]", "sft.epochs=2",
+                                "sft.batch_size=2", "train.device=cpu", f"run.output_dir={tmp_path / 'run'}"])
+    lines = []
+    out = run_sft(config, echo=lines.append)
+    assert (out / "model.safetensors").is_file()
+    assert any("torch thread(s) per rank on CPU" in line for line in lines)
+    steps = [line for line in lines if line.startswith("sft ") and " steps (" in line]
+    # 5 sequences in batches of 2: 3 steps an epoch, 6 in all; quiet: the first step and the last
+    assert steps[0].startswith("sft 1/6 steps (17%)  elapsed") and "eta" in steps[0] and "tok/s" in steps[0]
+    assert steps[-1].startswith("sft 6/6 steps (100%)") and "epoch 2/2" in steps[-1]

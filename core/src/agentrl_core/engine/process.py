@@ -76,7 +76,9 @@ def serve_main(args: Any) -> int:
     if args.cpus:
         cores = sorted({int(c) for c in str(args.cpus).split(",") if c.strip()})
         os.sched_setaffinity(0, cores)
-        torch.set_num_threads(args.threads or len(cores))
+        from agentrl_core.cpu_threads import set_torch_threads
+
+        set_torch_threads(cores, threads=args.threads)
     elif args.threads:
         torch.set_num_threads(args.threads)
     version: Any = args.weight_version

@@ -10,6 +10,7 @@ output is not a terminal (CI, ``nohup``) only the per-step line is printed.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -30,11 +31,24 @@ class TrainProgress:
         self.started = time.monotonic()
         self.last: dict[str, Any] = {}
         self._live: Any = None
+        self._rate: tuple[float, float] | None = None  # smoothed (trained tokens, seconds) of a step
+
+    smoothing = 0.3  # weight of the newest step in the tokens/s average
 
     def step(self, metrics: dict[str, Any]) -> None:
         """Called after every learner step with its metrics."""
         self.last = metrics
-        line = step_line(metrics, self.total_steps)
+        tokens, seconds = float(metrics.get("learner/num_tokens", 0.0)), float(metrics.get("time/step_s", 0.0))
+        if self._rate is None:
+            self._rate = (tokens, seconds)
+        else:  # a ratio of averages: one short or long step moves it by a third at most
+            a = self.smoothing
+            self._rate = (a * tokens + (1 - a) * self._rate[0], a * seconds + (1 - a) * self._rate[1])
+        done = int(metrics.get("step", 0))
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / done * (self.total_steps - done) if done > 0 else float("inf")
+        line = step_line(metrics, self.total_steps, elapsed=elapsed, eta=eta,
+                         tokens_per_s=self._rate[0] / max(self._rate[1], 1e-9))
         if self._live is not None:
             self._live.console.print(line)
             self._live.update(self._render(), refresh=True)
@@ -75,33 +89,102 @@ class TrainProgress:
         return table
 
 
-def step_line(m: dict[str, Any], total: int) -> str:
+def step_line(m: dict[str, Any], total: int, *, elapsed: float | None = None, eta: float | None = None,
+              tokens_per_s: float | None = None) -> str:
+    """One training step: progress (with elapsed and ETA when given), batch outcome, learner, timing.
+
+    ``tokens_per_s``: trained tokens per second averaged over recent steps (default: this step's own).
+    """
+    timing = f"  elapsed {duration(elapsed)}  eta {duration(eta)}" if elapsed is not None and eta is not None else ""
+    rate = m.get("trained_tokens_per_s", 0.0) if tokens_per_s is None else tokens_per_s
     return (
-        f"step {int(m.get('step', 0))}/{total}  reward {m.get('reward', 0.0):.3f}  success {m.get('success', 0.0):.3f}  "
-        f"traj {int(m.get('trajectories', 0))}  lag {m.get('version_lag/mean', 0.0):.2f}  "
-        f"loss {m.get('learner/loss', 0.0):.4f}  tok/s {m.get('trained_tokens_per_s', 0.0):.0f}  "
+        f"step {int(m.get('step', 0))}/{total}{timing}  reward {m.get('reward', 0.0):.3f}  "
+        f"success {m.get('success', 0.0):.3f}  traj {int(m.get('trajectories', 0))}  "
+        f"lag {m.get('version_lag/mean', 0.0):.2f}  loss {m.get('learner/loss', 0.0):.4f}  tok/s {rate:,.0f}  "
         f"step {m.get('time/step_s', 0.0):.1f}s (wait {m.get('time/wait_rollout_s', 0.0):.1f}s)"
     )
 
 
-class EpisodeProgress:
-    """A one-line live progress report on stderr (rich when available)."""
+def duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``1h02m``; ``?`` when unknown."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
-    def __init__(self, label: str) -> None:
+
+class PhaseProgress:
+    """Progress lines of a phase with a known total (SFT steps, training steps, episodes).
+
+    A line says ``label done/total unit (pct)``, the time elapsed, the ETA (the mean time per
+    unit so far times the units left) and, where tokens are counted, tokens/s over the time since
+    the previous line: an average over many steps, not one step's figure (a step's own rate
+    swings by 40x with the batch's lengths, the first step's warm-up and the machine's load).
+    Quiet by default: a line at the first unit, then at most one every ``every_s`` seconds, and
+    one at the end.
+    """
+
+    def __init__(self, label: str, total: int, *, unit: str = "steps", echo: Callable[[str], None] = print,
+                 every_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.label, self.total, self.unit, self.echo, self.every_s, self.clock = label, total, unit, echo, every_s, clock
+        self.t0 = clock()
+        self.tokens = 0.0
+        self._last_line: tuple[float, float] | None = None  # (time, tokens) at the previous line
+
+    def eta(self, done: int, now: float | None = None) -> float:
+        now = self.clock() if now is None else now
+        return (now - self.t0) / done * (self.total - done) if done > 0 else float("inf")
+
+    def update(self, done: int, *, tokens: float = 0.0, extra: str = "", force: bool = False) -> str | None:
+        """Count ``done`` units finished (and ``tokens`` more processed); return the line printed, if any."""
+        now = self.clock()
+        self.tokens += tokens
+        due = force or self._last_line is None or done >= self.total or now - self._last_line[0] >= self.every_s
+        if not due:
+            return None
+        since, tokens_then = self._last_line or (self.t0, 0.0)
+        line = (f"{self.label} {done}/{self.total} {self.unit} ({100 * done / max(self.total, 1):.0f}%)  "
+                f"elapsed {duration(now - self.t0)}  eta {duration(self.eta(done, now))}")
+        if self.tokens:
+            line += f"  {(self.tokens - tokens_then) / max(now - since, 1e-9):,.0f} tok/s"
+        if extra:
+            line += f"  {extra}"
+        self._last_line = (now, self.tokens)
+        self.echo(line)
+        return line
+
+
+class EpisodeProgress:
+    """Episodes of an evaluation: one refreshed line on a terminal, else quiet lines (:class:`PhaseProgress`)."""
+
+    def __init__(self, label: str, *, echo: Callable[[str], None] | None = None, live: bool | None = None,
+                 every_s: float = 30.0) -> None:
         self.label = label
+        self.live = sys.stderr.isatty() if live is None else live
+        self.echo = echo or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.every_s = every_s
         self.t0 = time.monotonic()
         self.last = 0.0
+        self._lines: PhaseProgress | None = None
 
     def __call__(self, done: int, total: int) -> None:
-        import sys
-
+        if not self.live:
+            if self._lines is None:
+                self._lines = PhaseProgress(self.label, total, unit="episodes", echo=self.echo, every_s=self.every_s)
+                self._lines.t0 = self.t0
+            self._lines.update(done)
+            return
         now = time.monotonic()
         if now - self.last < 1.0 and done != total:
             return
         self.last = now
         rate = done / max(now - self.t0, 1e-9)
         eta = (total - done) / rate if rate > 0 else float("inf")
-        print(f"\r{self.label}: {done}/{total} episodes, {rate:.1f}/s, eta {eta:.0f} s", end="", file=sys.stderr,
+        print(f"\r{self.label}: {done}/{total} episodes, {rate:.1f}/s, eta {duration(eta)}", end="", file=sys.stderr,
               flush=True)
         if done == total:
             print(file=sys.stderr)

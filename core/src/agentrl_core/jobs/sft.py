@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import random
 import time
 from pathlib import Path
@@ -21,6 +23,7 @@ import attrs
 
 from agentrl_core.config import Config
 from agentrl_core.errors import ConfigError
+from agentrl_core.jobs.progress import PhaseProgress
 from agentrl_core.train.losses import sft_nll_loss
 
 log = logging.getLogger(__name__)
@@ -40,7 +43,14 @@ def run_sft(config: Config, *, echo: Any = print) -> Path:
         raise ConfigError("model.path is empty: the model to fine-tune")
     if not s.data:
         raise ConfigError("sft.data is empty: list demonstration files (agentrl demos writes them)")
-    rank, world, _ = init_distributed(config.train.device)
+    rank, world, device = init_distributed(config.train.device)
+    if str(device).startswith("cpu"):  # the free cores, shared by the ranks of this machine
+        from agentrl_core.cpu_threads import free_cores, set_torch_threads
+
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        threads = set_torch_threads(threads=max(1, free_cores() // local_ranks))
+        if rank == 0:
+            echo(f"sft: {threads} torch thread(s) per rank on CPU (the cores the machine's load leaves free)")
     tokenizer = load_tokenizer(config.model.path, config.model)
     records = [r for path in s.data for r in read_demonstrations(path)]
     sequences = encode_demonstrations(tokenizer, records, max_total_len=config.rollout.max_total_len,
@@ -67,6 +77,8 @@ def run_sft(config: Config, *, echo: Any = print) -> Path:
     rng = random.Random(config.run.seed)
     t0 = time.monotonic()
     step = 0
+    steps_per_epoch = math.ceil(len(sequences) / s.batch_size)
+    progress = PhaseProgress("sft", s.epochs * steps_per_epoch, echo=echo)
     for epoch in range(s.epochs):
         order = list(range(len(sequences)))
         rng.shuffle(order)
@@ -79,9 +91,8 @@ def run_sft(config: Config, *, echo: Any = print) -> Path:
             if rank == 0:
                 with open(log_path, "a") as f:
                     f.write(json.dumps({"step": step, "epoch": epoch, **metrics}) + "\n")
-                if step == 1 or step % 10 == 0:
-                    echo(f"sft epoch {epoch + 1}/{s.epochs} step {step}: nll {metrics.get('nll', 0.0):.4f} "
-                         f"({metrics.get('tokens_per_s', 0.0):.0f} tok/s)")
+                progress.update(step, tokens=float(metrics.get("num_tokens", 0.0)),
+                                extra=f"epoch {epoch + 1}/{s.epochs}  nll {metrics.get('nll', 0.0):.4f}")
     save_hf_model(learner, out_dir)
     if rank == 0:
         echo(f"sft done in {time.monotonic() - t0:.1f} s; model saved to {out_dir}")

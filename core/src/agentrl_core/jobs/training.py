@@ -33,7 +33,7 @@ import yaml
 
 from agentrl_core.config import Config, config_to_dict
 from agentrl_core.errors import AgentrlError, ConfigError
-from agentrl_core.jobs.progress import TrainProgress
+from agentrl_core.jobs.progress import EpisodeProgress, TrainProgress
 from agentrl_core.registry import Registry
 from agentrl_core.train.engine_watch import EngineWatchdog
 from agentrl_core.train.rollout_manager import RolloutManager, default_max_consecutive_drops, warmup_minimum
@@ -515,7 +515,8 @@ class Trainer:
             results.append(EpisodeResult(r.task, r.index, 0, float(result["reward"]), str(result["status"]),
                                          int(result["turns"])))
 
-        await run_requests(requests, play, concurrency=c.eval.concurrency, on_result=keep)
+        progress = EpisodeProgress("validation", echo=self.echo, live=False) if c.logging.progress else None
+        await run_requests(requests, play, concurrency=c.eval.concurrency, on_result=keep, progress=progress)
         self.last_validation = summarize(results)
         out = {}
         for task, s in self.last_validation.items():

@@ -78,9 +78,9 @@ def _pin(kind: str, devices: Sequence[int]) -> None:
         log.warning("cores %s do not exist on this node; running unpinned", cores)
         return
     os.sched_setaffinity(0, cores)
-    import torch
+    from agentrl_core.cpu_threads import set_torch_threads
 
-    torch.set_num_threads(len(cores))
+    set_torch_threads(cores)  # its cores minus what other work keeps busy: no threads waiting on each other
 
 
 class LearnerRank(LearnerService):

@@ -1,0 +1,65 @@
+"""Progress lines: total, elapsed, ETA and a smoothed tokens/s, quiet by default."""
+
+from __future__ import annotations
+
+from agentrl_core.jobs.progress import EpisodeProgress, PhaseProgress, TrainProgress, duration
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_duration():
+    assert [duration(s) for s in (0, 42.4, 185, 3720, float("inf"), -1)] == ["0s", "42s", "3m05s", "1h02m", "?", "?"]
+
+
+def test_phase_lines_have_total_eta_and_the_windows_tokens_per_s():
+    clock, lines = Clock(), []
+    p = PhaseProgress("sft", 10, echo=lines.append, every_s=30.0, clock=clock)
+    clock.now += 4.0  # step 1 took 4 s (warm-up), 1,000 tokens
+    assert p.update(1, tokens=1000, extra="nll 2.0") == "sft 1/10 steps (10%)  elapsed 4s  eta 36s  250 tok/s  nll 2.0"
+    for step in range(2, 8):  # 6 steps of 2 s and 4,000 tokens each: quiet (12 s < 30 s)
+        clock.now += 2.0
+        assert p.update(step, tokens=4000) is None
+    clock.now += 20.0  # step 8: 20 s, 4,000 tokens; 34 s since the last line, 28,000 tokens
+    line = p.update(8, tokens=4000)
+    # eta: 36 s for 8 steps -> 4.5 s a step x 2 left = 9 s; tokens/s over the window: 28,000 / 32 s
+    assert line == "sft 8/10 steps (80%)  elapsed 36s  eta 9s  875 tok/s"
+    clock.now += 1.0
+    assert p.update(9, tokens=100) is None
+    clock.now += 1.0
+    assert p.update(10, tokens=100) == "sft 10/10 steps (100%)  elapsed 38s  eta 0s  100 tok/s"  # the end is always said
+    assert len(lines) == 3
+
+
+def test_episode_progress_off_a_terminal_is_a_few_lines():
+    lines = []
+    progress = EpisodeProgress("validation", echo=lines.append, live=False, every_s=3600)
+    for done in range(1, 41):
+        progress(done, 40)
+    assert len(lines) == 2 and lines[0].startswith("validation 1/40 episodes (2%)")
+    assert lines[1].startswith("validation 40/40 episodes (100%)")
+
+
+def test_train_step_lines_smooth_tokens_per_s_and_give_an_eta():
+    lines = []
+    progress = TrainProgress(4, dict, echo=lines.append, live=False)
+    progress.step({"step": 1, "learner/num_tokens": 14000.0, "time/step_s": 1.0, "trained_tokens_per_s": 14000.0})
+    progress.step({"step": 2, "learner/num_tokens": 300.0, "time/step_s": 1.0, "trained_tokens_per_s": 300.0})
+    assert "step 1/4  elapsed" in lines[0] and "eta" in lines[0] and "tok/s 14,000" in lines[0]
+    # (0.3 x 300 + 0.7 x 14,000) / (0.3 x 1 + 0.7 x 1) = 9,890: not the step's own 300
+    assert "tok/s 9,890" in lines[1]
+
+
+def test_torch_threads_are_the_cores_the_load_leaves_free():
+    from agentrl_core.cpu_threads import free_cores
+
+    assert free_cores([0, 1], load=0.0, cpu_count=2) == 2
+    assert free_cores([0, 1], load=0.7, cpu_count=2) == 1  # 1.3 free: one thread
+    assert free_cores([0, 1], load=7.0, cpu_count=2) == 1  # never below one
+    # 8 of 16 cores while the machine's load is 4: those 8 carry 2 of it, 6 stay free
+    assert free_cores(list(range(8)), load=4.0, cpu_count=16) == 6
