@@ -38,3 +38,28 @@ def test_summary_leaves_infra_failures_out_of_denominators():
     assert s.turns_mean == pytest.approx((3 + 15 + 2 + 4) / 4)
     table = format_table({"db-std": s})
     assert "0.750 ± 0.354" in table and "task error: 1" in table
+
+
+def test_table_shows_completed_and_no_spread_for_one_repeat():
+    rows = [EpisodeResult("calc-test", i, 0, float(i < 3), "completed" if i < 3 else "task limit reached", 2)
+            for i in range(4)]
+    s = summarize(rows)["calc-test"]
+    table = format_table({"calc-test": s})
+    assert "0.750" in table and "±" not in table  # one repeat: no spread to show
+    assert "completed: 3, task limit reached: 1" in table
+
+
+def test_training_table_takes_each_task_from_the_steps_that_had_it():
+    from agentrl_core.jobs.training import training_table
+
+    history = [
+        {"step": 1, "task/calc/success": 0.25, "task/calc/reward": 0.5},
+        {"step": 2, "task/calc/success": 0.5, "task/calc/reward": 0.75, "task/alfworld/success": 0.0,
+         "task/alfworld/reward": 0.1},
+        {"step": 3, "task/calc/success": 0.75, "task/calc/reward": 1.0},
+    ]
+    table = training_table(history)
+    assert "nan" not in table
+    lines = {line.split()[0]: line.split() for line in table.splitlines()}
+    assert lines["calc"] == ["calc", "1-3", "0.250", "0.750", "0.500", "1.000"]
+    assert lines["alfworld"] == ["alfworld", "2", "0.000", "0.000", "0.100", "0.100"]

@@ -16,7 +16,7 @@ from typing import Any
 
 from attrs import frozen
 
-from agentrl_core.types import FailureKind, Status, failure_kind
+from agentrl_core.types import FailureKind, failure_kind
 
 
 @frozen
@@ -134,11 +134,13 @@ def format_table(summaries: dict[str, TaskSummary]) -> str:
     header = ["task", "n", "success", "reward", *[f"pass@{k}" for k in ks], "turns", "infra", "statuses"]
     rows = [header]
     for s in summaries.values():
-        status_text = ", ".join(f"{k}: {v}" for k, v in s.statuses.items() if k != Status.COMPLETED.value)
+        status_text = ", ".join(f"{k}: {v}" for k, v in s.statuses.items())
+        # a spread needs two repeats or more: one repeat has none to show
+        spread = f" ± {s.success_std:.3f}" if len(s.per_repeat_success) > 1 else ""
         rows.append([
             s.task,
             str(s.episodes),
-            f"{s.success_mean:.3f} ± {s.success_std:.3f}",
+            f"{s.success_mean:.3f}{spread}",
             f"{s.reward_mean:.3f}",
             *[f"{s.pass_at[k]:.3f}" if k in s.pass_at else "-" for k in ks],
             f"{s.turns_mean:.1f}",

@@ -581,7 +581,7 @@ class Trainer:
             from agentrl_core.eval.metrics import format_table
 
             self.echo("\nfinal validation (current weights):\n" + format_table(self.last_validation))
-        self.echo("\ntraining, per task (first and last step):\n" + training_table(self.history))
+        self.echo("\ntraining, per task (the first and last steps whose batch held it):\n" + training_table(self.history))
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         if final_model:
             self.echo(f"\nthe trained policy (step {self.step}) is a Hugging Face folder: {final_model}\n"
@@ -617,15 +617,21 @@ def _device_kind(device: str) -> str:
 
 
 def training_table(history: list[dict[str, Any]]) -> str:
-    """Per-task success and reward at the first and last logged training steps."""
+    """Per-task success and reward at the first and last training steps whose batch held the task.
+
+    A task need not be in every batch (tasks are drawn by weight): its columns come from the steps
+    that had it, named in the ``steps`` column, so no cell is empty.
+    """
     steps = [h for h in history if any(k.startswith("task/") for k in h)]
     if not steps:
         return "(no training steps)"
-    first, last = steps[0], steps[-1]
     tasks = sorted({k.split("/")[1] for h in steps for k in h if k.startswith("task/")})
-    rows = [["task", "success first", "success last", "reward first", "reward last"]]
+    rows = [["task", "steps", "success first", "success last", "reward first", "reward last"]]
     for t in tasks:
-        rows.append([t, *[f"{h.get(f'task/{t}/{m}', float('nan')):.3f}" for m in ("success",) for h in (first, last)],
+        had = [h for h in steps if f"task/{t}/success" in h]
+        first, last = had[0], had[-1]
+        span = f"{int(first.get('step', 0))}-{int(last.get('step', 0))}" if len(had) > 1 else f"{int(first.get('step', 0))}"
+        rows.append([t, span, *[f"{h[f'task/{t}/success']:.3f}" for h in (first, last)],
                      *[f"{h.get(f'task/{t}/reward', float('nan')):.3f}" for h in (first, last)]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
