@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from agentrl_core import __version__
 
@@ -137,11 +138,17 @@ def test_plugin_that_fails_to_import_is_named_without_an_install_hint(tmp_path):
     assert "agentrl-env-gone is installed, but no loaded plugin provides 'gone'" in message
 
 
-def test_missing_plugin_hint_says_how_to_install_by_name_or_from_a_checkout():
-    out = agentrl("worker", "--env", "nosuchenv", "--controller", "http://127.0.0.1:9/api")
+def test_missing_plugin_hint_names_the_distribution_that_provides_it():
+    # core's venv has no plugin: calc is the template plugin's, whose name follows no convention
+    out = agentrl("worker", "--env", "calc", "--controller", "http://127.0.0.1:9/api")
     assert out.returncode == 1
-    assert "install agentrl-env-nosuchenv?: pip install agentrl-env-nosuchenv, or from a checkout of agentrl, " \
-           "pip install -c constraints.txt ./plugins/agentrl-env-nosuchenv" in out.stderr
+    assert "install agentrl-plugin-example?: pip install agentrl-plugin-example, or from a checkout of agentrl, " \
+           "pip install -c constraints.txt ./plugins/agentrl-plugin-example" in out.stderr
+    for plugin_dir in ("agentrl-plugin-example",):
+        assert (Path(__file__).parents[2] / "plugins" / plugin_dir / "pyproject.toml").is_file()
+    out = agentrl("worker", "--env", "swebench", "--controller", "http://127.0.0.1:9/api")
+    assert out.returncode == 1 and "unknown environment 'swebench'" in out.stderr
+    assert "install" not in out.stderr  # no known package provides it: no hint
 
 
 def test_missing_model_path_is_one_sentence_naming_the_path(tmp_path):

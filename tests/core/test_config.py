@@ -102,8 +102,13 @@ def test_plugin_section_validated_by_plugin_schema(tmp_path, registry):
         load_config(write(tmp_path, "environments:\n  toy:\n    bakend: mysql\n"), registry=registry)
 
 
-def test_section_for_missing_plugin_says_what_to_install(tmp_path, registry):
+def test_section_for_missing_plugin_says_what_to_install(tmp_path, registry, monkeypatch):
     # names no installed distribution has, so the test means the same in every venv
+    from agentrl_core import registry as registry_module
+
+    monkeypatch.setattr(registry_module, "KNOWN_PROVIDERS", {
+        ("environment", "shopx"): "agentrl-env-shopx", ("sampler", "crossx"): "agentrl-sampler-crossx",
+        ("advantage_normalizer", "taskx"): "agentrl-advnorm-taskx"})
     with pytest.raises(ConfigError, match=r"install agentrl-env-shopx\?: pip install agentrl-env-shopx, or from a checkout of agentrl, pip install"):
         load_config(write(tmp_path, "environments:\n  shopx:\n    catalog: x\n"), registry=registry)
     with pytest.raises(ConfigError, match=r"install agentrl-sampler-crossx\?"):

@@ -157,8 +157,9 @@ def test_unknown_name_suggests_close_match():
     reg = register_plugin(Plugin(), load_entry_points=False)
     with pytest.raises(PluginError, match="did you mean 'webshop'"):
         reg.get_environment("webshopp")
-    with pytest.raises(PluginError, match=r"install agentrl-env-zzworld\?"):
+    with pytest.raises(PluginError) as err:  # no known package provides it: no hint to a package that is not there
         reg.get_environment("zzworld")
+    assert "install" not in str(err.value)
 
 
 @pytest.mark.parametrize("bad", ["Bad", "9x", "has-dash", "", "a b"])

@@ -44,16 +44,38 @@ class Provided:
     version: str
 
 
-def install_hint(kind: str, name: str) -> str:
-    """`` (install agentrl-env-x?: ...)`` for a component whose plugin is not installed.
+# The distribution that provides each component of the plugins kept in this repository (one
+# distribution may provide several, and its name need not follow the kind's convention: calc is
+# the template plugin's). tests/integration/test_plugin_table.py checks it against the plugins.
+KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
+    ("environment", "calc"): "agentrl-plugin-example",
+    ("environment", "db"): "agentrl-env-db",
+    ("environment", "os"): "agentrl-env-os",
+    ("environment", "kg"): "agentrl-env-kg",
+    ("environment", "webshop"): "agentrl-env-webshop",
+    ("environment", "alfworld"): "agentrl-env-alfworld",
+    ("sampler", "cross"): "agentrl-sampler-cross",
+    ("advantage_normalizer", "task"): "agentrl-advnorm-task",
+    ("rollout_engine", "vllm"): "agentrl-engine-vllm",
+    ("weight_sync_transport", "vllm_nccl"): "agentrl-engine-vllm",
+}
 
-    Empty when the kind has no naming convention or the distribution is installed (then the
-    problem is something else: it failed to load, or it provides other names).
+
+def install_hint(kind: str, name: str) -> str:
+    """`` (install agentrl-env-x?: ...)`` for a component of a known plugin that is not installed.
+
+    The distribution comes from :data:`KNOWN_PROVIDERS`, else from the installed metadata (an
+    installed distribution named by the kind's convention, ``agentrl-env-<name>``); a name that
+    neither gives gets no hint (a guessed package name would send the reader to a folder that
+    does not exist). When the distribution is installed, the problem is something else (it
+    failed to load, or provides other names).
     """
-    pattern = KINDS[kind].install_pattern
-    if pattern is None:
-        return ""
-    dist = pattern.format(name.replace("_", "-"))
+    dist = KNOWN_PROVIDERS.get((kind, name))
+    if dist is None:  # not ours; an installed distribution named by the kind's convention is likely it
+        pattern = KINDS[kind].install_pattern
+        dist = pattern.format(name.replace("_", "-")) if pattern else None
+        if dist is None or not _is_installed(dist):
+            return ""
     if _is_installed(dist):
         return f" ({dist} is installed, but no loaded plugin provides {name!r}: see `agentrl plugins --all`)"
     return f" (install {dist}?: {INSTALL_HOWTO.format(dist=dist)})"
