@@ -171,3 +171,15 @@ def test_model_folder_without_config_json_is_named(tmp_path):
     assert out.stderr.strip() == (f"agentrl: error: --model '{folder}' is a folder without config.json, so not a "
                                   "Hugging Face model folder (`agentrl model init --out DIR` writes one; a "
                                   "checkpoint's final model is in <run dir>/final_model)")
+
+
+def test_model_init_without_torch_is_one_sentence(tmp_path):
+    # a torch that is not there: a module of that name first on the path that fails as a missing one does
+    fake = tmp_path / "no_torch" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    out = agentrl("model", "init", "--out", str(tmp_path / "tiny"), env={"PYTHONPATH": str(fake.parent)})
+    assert out.returncode == 1
+    assert out.stderr.strip() == ("agentrl: error: `agentrl model` needs torch, which is not installed: from a "
+                                  "checkout of agentrl, pip install -c constraints.txt './core[torch]' (see the "
+                                  "README, section Install)")

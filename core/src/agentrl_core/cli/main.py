@@ -27,6 +27,14 @@ COMMANDS = [
 ]
 
 
+# Modules of agentrl-core's optional extras (core/pyproject.toml) -> the extra that installs them:
+# a command that needs one says so in a sentence instead of a traceback.
+OPTIONAL_MODULES = {
+    "torch": "torch", "transformers": "torch", "tokenizers": "torch", "safetensors": "torch",
+    "ray": "train", "rich": "train", "tensorboard": "train",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrl",
@@ -54,6 +62,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             traceback.print_exc()
         print(f"agentrl: error: {exc}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:
+        extra = OPTIONAL_MODULES.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        if args.verbose:
+            traceback.print_exc()
+        print(f"agentrl: error: `agentrl {args.command}` needs {exc.name}, which is not installed: from a checkout "
+              f"of agentrl, pip install -c constraints.txt './core[{extra}]' (see the README, section Install)",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
