@@ -12,9 +12,21 @@ import pytest
 from agentrl_core.jobs.run_folder import RunFolderError, prepare_run_folder, previous_run
 
 
-def agentrl(*args):
+def agentrl(*args, env=None):
     return subprocess.run([sys.executable, "-m", "agentrl_core.cli.main", *args], capture_output=True, text=True,
-                          env=dict(os.environ))
+                          env={**os.environ, **(env or {})})
+
+
+def toy_env_plugin(root):
+    """A distribution providing environment 'toy' (core alone has no environment)."""
+    info = root / "agentrl_env_toy-0.0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: agentrl-env-toy\nVersion: 0.0.1\n")
+    (info / "entry_points.txt").write_text("[agentrl]\nenv_toy = toy_plugin\n")
+    (root / "toy_plugin.py").write_text(
+        "from agentrl_core import hookimpl\nfrom agentrl_core.types import EnvironmentSpec\n\n"
+        "@hookimpl\ndef agentrl_environments():\n    yield EnvironmentSpec(name='toy', factory='toy_plugin:Toy')\n")
+    return {"PYTHONPATH": str(root)}
 
 
 def previous(run_dir):
@@ -77,8 +89,8 @@ def test_agentrl_train_refuses_a_folder_with_a_previous_run(tmp_path):
     run_dir = previous(tmp_path / "run")
     config = tmp_path / "run.yaml"
     config.write_text(f"run:\n  output_dir: {run_dir}\nmodel:\n  path: {run_dir / 'sft_model'}\n"
-                      "tasks: []\n")
-    out = agentrl("train", str(config))
+                      "tasks: [{env: toy, split: train}]\n")
+    out = agentrl("train", str(config), env=toy_env_plugin(tmp_path / "plugin"))
     assert out.returncode == 1 and "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"agentrl: error: {run_dir} holds a previous training run"), lines
@@ -98,3 +110,17 @@ def test_trained_policy_is_the_summarys_final_model(tmp_path):
     assert trained_policy(run_dir) == (run_dir / "config.yaml", run_dir / "elsewhere")
     with pytest.raises(RunFolderError, match="not the folder of an `agentrl train` run"):
         trained_policy(tmp_path)
+
+
+def test_grpo_with_one_sample_a_group_is_one_sentence(tmp_path):
+    run_dir = previous(tmp_path / "run")
+    config = tmp_path / "run.yaml"
+    config.write_text(f"run:\n  output_dir: {run_dir}\nmodel:\n  path: {run_dir / 'sft_model'}\n"
+                      "tasks: [{env: toy, split: train}]\nrollout:\n  n_samples: 1\n")
+    out = agentrl("train", str(config), "--overwrite", env=toy_env_plugin(tmp_path / "plugin"))
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("agentrl: error: rollout.n_samples is 1 with advantage.estimator "
+                                                   "grpo"), lines
+    assert "2 or more" in lines[0]
+    assert (run_dir / "metrics.jsonl").exists()  # a config error is found before --overwrite deletes anything

@@ -31,8 +31,9 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides, registry=registry)
     check_model_path(config.model.path)
     config = _agent_path_from_config_dir(config, args.config)
+    trainer = Trainer(config, resume=args.resume, registry=registry)  # checks the config before --overwrite deletes
     prepare_run_folder(config.run.dir, resume=args.resume, overwrite=args.overwrite, model_path=config.model.path)
-    summary = Trainer(config, resume=args.resume, registry=registry).run()
+    summary = trainer.run()
     return 130 if summary.get("interrupted") else 0  # stopped early by SIGINT/SIGTERM, state saved
 
 

@@ -81,6 +81,10 @@ class Trainer:
         if c.rollout.dynamic_sampling.enabled and c.rollout.n_samples < 2:
             raise ConfigError("rollout.dynamic_sampling.enabled needs rollout.n_samples >= 2: a group of one sample "
                               "always has equal rewards, so every group would be filtered")
+        if c.rollout.n_samples == 1 and c.advantage.estimator == "grpo":
+            raise ConfigError("rollout.n_samples is 1 with advantage.estimator grpo: GRPO compares the samples of a "
+                              "group, so a group of one has advantage 0 everywhere and nothing is learned; set "
+                              "rollout.n_samples to 2 or more (the paper uses 8)")
         sampler = self.build_sampler()
         bound = c.rollout.staleness_bound
         minimum = getattr(sampler, "min_staleness_bound", lambda: None)()
