@@ -63,3 +63,16 @@ def test_torch_threads_are_the_cores_the_load_leaves_free():
     assert free_cores([0, 1], load=7.0, cpu_count=2) == 1  # never below one
     # 8 of 16 cores while the machine's load is 4: those 8 carry 2 of it, 6 stay free
     assert free_cores(list(range(8)), load=4.0, cpu_count=16) == 6
+
+
+def test_a_step_without_learning_signal_is_explained():
+    from types import SimpleNamespace
+
+    from agentrl_core.jobs.training import no_signal_note
+
+    failed = [SimpleNamespace(training_reward=0.0) for _ in range(4)]
+    note = no_signal_note(failed, 1)
+    assert note.startswith("note: at step 1 every episode got reward 0, so every advantage is 0")
+    assert "agentrl sft" in note
+    mixed = [SimpleNamespace(training_reward=r) for r in (0.0, 0.0, 1.0, 1.0)]
+    assert "every group's samples got equal rewards" in no_signal_note(mixed, 3)

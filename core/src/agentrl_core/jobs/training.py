@@ -64,6 +64,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.progress: TrainProgress | None = None
         self._engine_busy: dict[str, tuple[float, float]] = {}
+        self._said_no_signal = False  # the note on a step with no learning signal is said once a run
         self._validate_config()
 
     # -- set-up ---------------------------------------------------------------------------
@@ -347,6 +348,10 @@ class Trainer:
         t0 = time.monotonic()
         adv = compute_advantages(trajectories, self.estimator, self.normalizers)
         samples = train_samples(trajectories, adv.advantages)
+        learning_signal = float(adv.advantages.abs().sum()) > 0.0
+        if not learning_signal and not self._said_no_signal:
+            self._said_no_signal = True
+            self.echo(no_signal_note(trajectories, self.step + 1))
         t_adv = time.monotonic()
         async with self.learner_lock:
             learner_metrics = await self.pools.learner.train_step(samples)
@@ -365,6 +370,7 @@ class Trainer:
         t_sync = time.monotonic()
         metrics: dict[str, Any] = {
             "step": self.step,
+            "advantage/nonzero": float(learning_signal),
             "engine/restarts": float(self.watchdog.restarts),
             **batch_metrics(trajectories, version),
             # action tokens per version lag; what weight syncs cut, kept and threw away
@@ -595,6 +601,16 @@ class Trainer:
 
 class WeightSyncTimeout(AgentrlError):
     """A weight-sync call on the learner ranks did not finish in time."""
+
+
+def no_signal_note(trajectories: list[Any], step: int) -> str:
+    """Why a step whose advantages are all zero learns nothing, and what to do about it."""
+    rewards = sorted({t.training_reward for t in trajectories if t.training_reward is not None})
+    same = f"every episode got reward {rewards[0]:g}" if len(rewards) == 1 else "every group's samples got equal rewards"
+    return (f"note: at step {step} {same}, so every advantage is 0 and the loss is 0: nothing is learned until "
+            "some samples of a group succeed where others fail. A model that never succeeds (an untrained one) "
+            "needs a warm-up first: `agentrl sft` on demonstrations (`agentrl demos` writes them from an "
+            "environment's oracle), as the main job does in examples/quickstart.py. (Said once a run.)")
 
 
 def _single_error(exc: BaseException) -> BaseException:
