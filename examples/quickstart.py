@@ -60,6 +60,10 @@ def main() -> int:
     (out / "quickstart_timings.json").write_text(json.dumps(timings, indent=2))
     print(f"\nquickstart: set-up (model, demonstrations, SFT) {setup_s:.0f} s; training run {train_s:.0f} s; "
           f"outputs in {out}")
+    command = Path(sys.executable).parent / "agentrl"
+    if command.exists():  # nox's venv is not on PATH: say where the command is
+        print(f"the agentrl command of this environment: {command} (or `. {command.parent / 'activate'}`, then "
+              f"`agentrl ...`); e.g. {command} eval {out}")
     return 0
 
 
