@@ -72,7 +72,7 @@ def test_a_step_without_learning_signal_is_explained():
 
     failed = [SimpleNamespace(training_reward=0.0) for _ in range(4)]
     note = no_signal_note(failed, 1)
-    assert note.startswith("note: at step 1 every episode got reward 0, so every advantage is 0")
+    assert note.startswith("note: at step 1 every episode got the same training reward (0), so every advantage is 0")
     assert "agentrl sft" in note
     mixed = [SimpleNamespace(training_reward=r) for r in (0.0, 0.0, 1.0, 1.0)]
-    assert "every group's samples got equal rewards" in no_signal_note(mixed, 3)
+    assert "the samples of every group got equal rewards" in no_signal_note(mixed, 3)

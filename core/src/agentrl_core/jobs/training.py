@@ -606,7 +606,8 @@ class WeightSyncTimeout(AgentrlError):
 def no_signal_note(trajectories: list[Any], step: int) -> str:
     """Why a step whose advantages are all zero learns nothing, and what to do about it."""
     rewards = sorted({t.training_reward for t in trajectories if t.training_reward is not None})
-    same = f"every episode got reward {rewards[0]:g}" if len(rewards) == 1 else "every group's samples got equal rewards"
+    same = (f"every episode got the same training reward ({rewards[0]:g})" if len(rewards) == 1
+            else "the samples of every group got equal rewards")
     return (f"note: at step {step} {same}, so every advantage is 0 and the loss is 0: nothing is learned until "
             "some samples of a group succeed where others fail. A model that never succeeds (an untrained one) "
             "needs a warm-up first: `agentrl sft` on demonstrations (`agentrl demos` writes them from an "
