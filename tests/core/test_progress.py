@@ -41,8 +41,17 @@ def test_episode_progress_off_a_terminal_is_a_few_lines():
     progress = EpisodeProgress("validation", echo=lines.append, live=False, every_s=3600)
     for done in range(1, 41):
         progress(done, 40)
-    assert len(lines) == 2 and lines[0].startswith("validation 1/40 episodes (2%)")
-    assert lines[1].startswith("validation 40/40 episodes (100%)")
+    # episodes run concurrently: no line for the first one (its ETA would mislead), one at the end
+    assert len(lines) == 1 and lines[0].startswith("validation 40/40 episodes (100%)")
+
+
+def test_phase_without_a_first_line_waits_for_the_interval():
+    clock, lines = Clock(), []
+    p = PhaseProgress("eval", 80, unit="episodes", echo=lines.append, every_s=30.0, first_line=False, clock=clock)
+    clock.now += 18.0
+    assert p.update(1) is None
+    clock.now += 14.0  # 32 s in, 40 done: 0.8 s each, 40 left
+    assert p.update(40) == "eval 40/80 episodes (50%)  elapsed 32s  eta 32s"
 
 
 def test_train_step_lines_smooth_tokens_per_s_and_give_an_eta():

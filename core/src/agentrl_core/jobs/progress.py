@@ -129,11 +129,13 @@ class PhaseProgress:
     """
 
     def __init__(self, label: str, total: int, *, unit: str = "steps", echo: Callable[[str], None] = print,
-                 every_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 every_s: float = 30.0, first_line: bool = True, start: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.label, self.total, self.unit, self.echo, self.every_s, self.clock = label, total, unit, echo, every_s, clock
-        self.t0 = clock()
+        self.t0 = clock() if start is None else start
         self.tokens = 0.0
-        self._last_line: tuple[float, float] | None = None  # (time, tokens) at the previous line
+        # (time, tokens) at the previous line; first_line=False: the first line waits every_s too
+        self._last_line: tuple[float, float] | None = None if first_line else (self.t0, 0.0)
 
     def eta(self, done: int, now: float | None = None) -> float:
         now = self.clock() if now is None else now
@@ -174,8 +176,9 @@ class EpisodeProgress:
     def __call__(self, done: int, total: int) -> None:
         if not self.live:
             if self._lines is None:
-                self._lines = PhaseProgress(self.label, total, unit="episodes", echo=self.echo, every_s=self.every_s)
-                self._lines.t0 = self.t0
+                # episodes run concurrently: the first to finish says little about the rest, so no line for it
+                self._lines = PhaseProgress(self.label, total, unit="episodes", echo=self.echo, every_s=self.every_s,
+                                            first_line=False, start=self.t0)
             self._lines.update(done)
             return
         now = time.monotonic()
