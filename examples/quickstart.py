@@ -6,9 +6,12 @@ Steps, each through the real `agentrl` command line:
   1. agentrl model init    a tiny Qwen2-architecture model and tokenizer, built locally
   2. agentrl demos         oracle demonstrations of the calc example environment (some with mistakes)
   3. agentrl sft           supervised cold start on them
-  4. agentrl train         asynchronous RL on calc + db (SQLite) + kg (embedded) + webshop + alfworld,
-                           ending with the per-task table
-Set-up (1-3) and training (4) are timed separately.
+  4. agentrl eval          held-out success of the SFT model on calc's test problems (3 repeats)
+  5. agentrl train         asynchronous RL on calc + db (SQLite) + kg (embedded) + webshop + alfworld,
+                           ending with the per-task table and the trained policy in <out>/final_model
+  6. agentrl eval <out>    the same held-out problems with the trained policy: before/after with spread,
+                           and <out>/learning_curve.png
+Set-up (1-3) and training (5) are timed separately.
 """
 
 from __future__ import annotations
@@ -29,12 +32,61 @@ def agentrl(*args: str) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
+# The held-out problems evaluated before and after RL: calc's test split, which training never sees.
+HELD_OUT = "[{env: calc, split: test, limit: 40}]"
+
+
+def held_out(command: list[str], out_dir: Path, repeats: int) -> dict:
+    """Success of one model on the held-out problems, ``repeats`` times: mean, spread, per repeat."""
+    agentrl(*command, "--set", f"eval.tasks={HELD_OUT}", "--set", f"eval.repeats={repeats}", "--out", str(out_dir))
+    task = json.loads((out_dir / "summary.json").read_text())["models"]["default"]["calc-test"]
+    return {"success_mean": task["success_mean"], "success_std": task["success_std"],
+            "per_repeat_success": task["per_repeat_success"], "episodes": task["episodes"]}
+
+
+def before_after(before: dict, after: dict, repeats: int) -> str:
+    delta = 100 * (after["success_mean"] - before["success_mean"])
+    return (f"held-out calc success ({before['episodes'] // repeats} test problems x {repeats} repeats, mean ± std "
+            f"over repeats): before RL {before['success_mean']:.3f} ± {before['success_std']:.3f}, after RL "
+            f"{after['success_mean']:.3f} ± {after['success_std']:.3f} ({delta:+.1f} points)")
+
+
+def learning_curve(out: Path, before: dict, after: dict) -> Path | None:
+    """``learning_curve.png``: calc's training success per step, and held-out success before and after RL."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    train = [(r["step"], r["task/calc-train/success"]) for r in rows if "task/calc-train/success" in r]
+    last = max((step for step, _ in train), default=1)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    if train:
+        ax.plot(*zip(*train), "-o", ms=3, label="calc, training batches (success)")
+    ax.errorbar([0, last], [before["success_mean"], after["success_mean"]],
+                yerr=[before["success_std"], after["success_std"]], fmt="s--", capsize=4, color="black",
+                label="calc, held-out test: before and after RL (± std over repeats)")
+    ax.set(xlabel="training step", ylabel="success", ylim=(-0.03, 1.03), title="agentrl quickstart")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    path = out / "learning_curve.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "examples" / "quickstart.yaml"))
     parser.add_argument("--out", default="runs/quickstart", help="run folder (relative to the repository)")
     parser.add_argument("--steps", type=int, default=None, help="override train.total_steps")
     parser.add_argument("--demos", type=int, default=2500, help="calc demonstrations for SFT")
+    parser.add_argument("--heldout-repeats", type=int, default=3,
+                        help="repeats of the held-out evaluation before and after RL (the spread is across them)")
     args = parser.parse_args()
     out = ROOT / args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -49,6 +101,10 @@ def main() -> int:
             "--set", f"sft.data=[{out / 'demos.jsonl'}]", "--set", f"sft.output_dir={out / 'sft_model'}")
     setup_s = time.monotonic() - t0
 
+    # held-out success before RL: the SFT model on the test problems that are evaluated again after RL
+    before = held_out(["eval", args.config, *common, "--set", f"model.path={out / 'sft_model'}"],
+                      out / "heldout_before", args.heldout_repeats)
+
     t1 = time.monotonic()
     # --overwrite: running the main job again replaces its previous training run (model, demos and SFT model stay)
     train = ["train", args.config, *common, "--set", f"model.path={out / 'sft_model'}", "--overwrite"]
@@ -56,10 +112,16 @@ def main() -> int:
         train += ["--set", f"train.total_steps={args.steps}"]
     agentrl(*train)
     train_s = time.monotonic() - t1
+    after = held_out(["eval", str(out)], out / "heldout_after", args.heldout_repeats)  # the run's final policy
+    report = before_after(before, after, args.heldout_repeats)
+    (out / "heldout.json").write_text(json.dumps({"before_rl": before, "after_rl": after}, indent=2))
+    plot = learning_curve(out, before, after)
     timings = {"setup_seconds": round(setup_s, 1), "train_seconds": round(train_s, 1)}
     (out / "quickstart_timings.json").write_text(json.dumps(timings, indent=2))
     print(f"\nquickstart: set-up (model, demonstrations, SFT) {setup_s:.0f} s; training run {train_s:.0f} s; "
           f"outputs in {out}")
+    print(report)
+    print(f"learning curve: {plot}" if plot else "learning curve: not drawn (pip install matplotlib to get one)")
     command = Path(sys.executable).parent / "agentrl"
     if command.exists():  # nox's venv is not on PATH: say where the command is
         print(f"the agentrl command of this environment: {command} (or `. {command.parent / 'activate'}`, then "
