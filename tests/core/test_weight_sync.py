@@ -282,3 +282,24 @@ def _serve(model_dir: str, port_file: str) -> None:
 
 if __name__ == "__main__":
     _serve(sys.argv[1], sys.argv[2])
+
+
+def test_leaving_the_group_skips_an_engine_that_is_gone():
+    # a restarted engine's predecessor, or an engine stopped first at the end of a run: no warning, no error
+    import socket
+
+    from agentrl_core.train.weight_sync import WeightSyncError, _Deadline, _Engines
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    engines = _Engines([dead], timeout_s=10.0)
+    try:
+        for client in engines.clients:
+            client.connect_retries, client.retry_backoff = 1, 0.01
+        assert engines.call("destroy_weights_update_group", _Deadline(10.0, "leaving"), gone_ok=True,
+                            group_name="g") == [None]
+        with pytest.raises(WeightSyncError, match="cannot connect to the engine"):
+            engines.call("destroy_weights_update_group", _Deadline(10.0, "leaving"), group_name="g")
+    finally:
+        engines.close()

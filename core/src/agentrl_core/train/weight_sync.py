@@ -216,8 +216,11 @@ class _Engines:
 
         self.clients = self.portal.call(make)
 
-    async def _all(self, method: str, kwargs_per_engine: Sequence[dict[str, Any]], seconds: float) -> list[Any]:
+    async def _all(self, method: str, kwargs_per_engine: Sequence[dict[str, Any]], seconds: float,
+                   gone_ok: bool = False) -> list[Any]:
         import anyio
+
+        from agentrl_core.rollout.engine_client import EngineUnavailable
 
         results: list[Any] = [None] * len(self.clients)
         errors: list[str] = []
@@ -228,6 +231,11 @@ class _Engines:
                     results[i] = await getattr(self.clients[i], method)(**kwargs_per_engine[i])
             except TimeoutError:
                 errors.append(f"{self.urls[i]}: no answer within {seconds:.3g} s")
+            except EngineUnavailable as exc:
+                if not gone_ok:
+                    errors.append(f"{self.urls[i]}: {exc}")
+                else:  # a process that is gone took its side of whatever was asked of it along
+                    log.info("%s on %s: the engine is gone (%s)", method, self.urls[i], exc)
             except Exception as exc:
                 errors.append(f"{self.urls[i]}: {exc}")
 
@@ -239,13 +247,16 @@ class _Engines:
         return results
 
     def start(self, method: str, deadline: _Deadline, per_engine: Sequence[dict[str, Any]] | None = None,
-              **kwargs: Any) -> concurrent.futures.Future:
-        """Call ``method`` on every engine concurrently within ``deadline``; a future of the answers."""
-        per_engine = per_engine or [kwargs] * len(self.clients)
-        return self.portal.start_task_soon(self._all, method, per_engine, deadline.left())
+              gone_ok: bool = False, **kwargs: Any) -> concurrent.futures.Future:
+        """Call ``method`` on every engine concurrently within ``deadline``; a future of the answers.
 
-    def call(self, method: str, deadline: _Deadline, **kwargs: Any) -> list[Any]:
-        return wait(self.start(method, deadline, **kwargs), deadline)
+        ``gone_ok``: an engine no connection can be made to is skipped (answer ``None``), not an error.
+        """
+        per_engine = per_engine or [kwargs] * len(self.clients)
+        return self.portal.start_task_soon(self._all, method, per_engine, deadline.left(), gone_ok)
+
+    def call(self, method: str, deadline: _Deadline, gone_ok: bool = False, **kwargs: Any) -> list[Any]:
+        return wait(self.start(method, deadline, gone_ok=gone_ok, **kwargs), deadline)
 
     def choose_pause_mode(self, partial_rollouts: bool, deadline: _Deadline) -> str:
         """``retract`` or ``abort`` for this pool (see the module docstring)."""
@@ -443,11 +454,15 @@ class CollectiveTransport:
         self.engines = None
 
     def close(self) -> None:
-        """Leave the group on both sides and close the HTTP clients."""
+        """Leave the group on both sides and close the HTTP clients.
+
+        An engine that is gone (a restarted one's predecessor, or one stopped first at the end
+        of a run) left the group with its process: that is no failure and says nothing.
+        """
         if self.engines is not None and self.group is not None:
             try:
                 self.engines.call("destroy_weights_update_group", _Deadline(min(30.0, self.timeout_s), "leaving the "
-                                  "weight-update group"), group_name=self.group_name)
+                                  "weight-update group"), gone_ok=True, group_name=self.group_name)
             except WeightSyncError as exc:
                 log.warning("engines could not destroy the weight-update group: %s", exc)
         if self.group is not None:
