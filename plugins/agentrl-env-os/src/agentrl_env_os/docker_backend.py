@@ -8,6 +8,11 @@ Ownership: each container carries labels naming the worker process that created 
 owner). :meth:`DockerBackend.sweep` removes the containers of workers of this host that no
 longer run; a container also removes itself when its main process (``sleep
 <container_lifetime_s>``) ends, so nothing outlives a lost host for long.
+
+Sandbox: no network, cgroup limits on memory (no swap), CPU and processes, only the
+capabilities of ``OSConfig.capabilities``, no_new_privs, a per-file size limit and a limit on
+what the container writes on top of its image (``disk_limit``: the storage driver's quota where
+it has one, else :class:`DiskWatch`, which removes a container past it).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +30,7 @@ from attrs import frozen
 
 from agentrl_core.env import run_blocking
 from agentrl_core.errors import EnvError
-from agentrl_env_os.config import OSConfig
+from agentrl_env_os.config import OSConfig, size_bytes
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +104,12 @@ def owner_is_dead(labels: dict[str, str], host: str) -> bool:
     return _pid_start(pid) != labels.get(LABEL_PID_START)
 
 
+def _no_storage_quota(exc: Exception) -> bool:
+    """True for Docker's refusal of ``--storage-opt size`` (e.g. overlay2 on ext4, or xfs without pquota)."""
+    text = str(exc).lower()
+    return "storage-opt" in text or "storage opt" in text or "pquota" in text or "quota" in text and "support" in text
+
+
 def _is_refusal(exc: Exception) -> bool:
     text = str(exc).lower()
     return any(s in text for s in ("resource temporarily unavailable", "cannot allocate memory", "pids", "fork"))
@@ -111,6 +123,10 @@ class DockerBackend:
         self.worker = WorkerIdentity.current()
         self.limiter = limiter or anyio.CapacityLimiter(max(4, config.concurrency + 4))
         self._api: Any = None
+        #: How ``disk_limit`` is enforced: None (not yet known), "quota" (the storage driver's) or "watch".
+        self.disk_mode: str | None = None if config.disk_limit else "off"
+        self.disk_watch: DiskWatch | None = None
+        self._disk_lock = threading.Lock()
 
     # -- client -------------------------------------------------------------------------
 
@@ -144,6 +160,9 @@ class DockerBackend:
         return await run_blocking(fn, *args, limiter=self.limiter)
 
     def close(self) -> None:
+        if self.disk_watch is not None:
+            self.disk_watch.stop()
+            self.disk_watch = None
         if self._api is not None:
             self._api.close()
             self._api = None
@@ -162,40 +181,73 @@ class DockerBackend:
 
     # -- containers ---------------------------------------------------------------------
 
-    def create(self, image: str, *, name: str, session: str, task: str) -> str:
-        """Create and start one episode's container; returns its id."""
-        import docker.errors
+    def host_config(self, *, storage_quota: bool) -> dict[str, Any]:
+        """The sandbox of one container (see the module docstring and the README's isolation model)."""
         import docker.types
 
         cfg = self.config
-        ulimits = [docker.types.Ulimit(name="nofile", soft=cfg.open_files, hard=cfg.open_files)] if cfg.open_files else None
-        host_config = self.api.create_host_config(
+        ulimits = []
+        if cfg.open_files:
+            ulimits.append(docker.types.Ulimit(name="nofile", soft=cfg.open_files, hard=cfg.open_files))
+        if cfg.disk_limit:  # no single file larger than the disk limit (bash: "File size limit exceeded")
+            limit = size_bytes(cfg.disk_limit)
+            ulimits.append(docker.types.Ulimit(name="fsize", soft=limit, hard=limit))
+        return self.api.create_host_config(
             network_mode="none",
             mem_limit=cfg.memory,
             memswap_limit=cfg.memory,  # no swap on top of the memory limit
             nano_cpus=int(cfg.cpus * 1e9),
             pids_limit=cfg.pids_limit,
             auto_remove=True,
-            cap_drop=["NET_RAW"],  # no network anyway; su, sudo, useradd, chown keep their capabilities
-            ulimits=ulimits,
+            cap_drop=["ALL"],
+            cap_add=list(cfg.capabilities) or None,
+            security_opt=["no-new-privileges:true"] if cfg.no_new_privileges else None,
+            read_only=cfg.read_only_root,
+            tmpfs=dict(cfg.tmpfs) or None,
+            storage_opt={"size": cfg.disk_limit} if storage_quota else None,
+            ulimits=ulimits or None,
         )
+
+    def create(self, image: str, *, name: str, session: str, task: str) -> str:
+        """Create and start one episode's container; returns its id."""
+        import docker.errors
+
+        cfg = self.config
         labels = {**self.worker.labels(), LABEL_SESSION: session, LABEL_TASK: task}
-        try:
-            created = self.api.create_container(
+
+        def create_container(storage_quota: bool) -> dict[str, Any]:
+            return self.api.create_container(
                 image,
                 name=name,
                 command=["sleep", str(cfg.container_lifetime_s)],
                 user="root",
                 working_dir=WORKDIR,
                 labels=labels,
-                host_config=host_config,
+                host_config=self.host_config(storage_quota=storage_quota),
                 network_disabled=True,
                 detach=True,
             )
+
+        try:
+            if self.disk_mode in (None, "quota"):
+                try:
+                    created = create_container(True)
+                    self.disk_mode = "quota"
+                except docker.errors.APIError as exc:
+                    if self.disk_mode == "quota" or not _no_storage_quota(exc):
+                        raise
+                    log.info("the Docker storage driver has no per-container quota (%s); a watchdog enforces "
+                             "environments.os.disk_limit=%s", exc.explanation or exc, cfg.disk_limit)
+                    self.disk_mode = "watch"
+                    created = create_container(False)
+            else:
+                created = create_container(False)
         except docker.errors.ImageNotFound:
             raise DockerUnavailable(
                 f"the task image {image} is missing; build it with `agentrl-env-os build-images` (as root)."
             ) from None
+        if self.disk_mode == "watch":
+            self._start_disk_watch()
         container_id = created["Id"]
         try:
             self.api.start(container_id)
@@ -221,7 +273,7 @@ class DockerBackend:
         import docker.errors
 
         try:
-            self.api.remove_container(container_id, force=True)
+            self.api.remove_container(container_id, force=True, v=True)
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
@@ -241,13 +293,23 @@ class DockerBackend:
         """Run ``argv`` as root in ``/root`` (stdin closed); returns (exit code, stdout, stderr).
 
         Background processes the command leaves behind keep running; Docker stops waiting
-        for their output shortly after the command itself exits.
+        for their output shortly after the command itself exits. Each stream keeps its first
+        ``script_output_limit`` bytes; the rest is read and dropped, so a script printing
+        without end costs no memory (its time is bounded by the caller, and by the container's
+        removal when the episode closes).
         """
         import docker.errors
 
+        limit = self.config.script_output_limit
         try:
             exec_id = self.api.exec_create(container_id, list(argv), user="root", workdir=WORKDIR)["Id"]
-            stdout, stderr = self.api.exec_start(exec_id, demux=True)
+            out, err = bytearray(), bytearray()
+            for chunk_out, chunk_err in self.api.exec_start(exec_id, demux=True, stream=True):
+                if chunk_out and len(out) < limit:
+                    out += chunk_out[: limit - len(out)]
+                if chunk_err and len(err) < limit:
+                    err += chunk_err[: limit - len(err)]
+            stdout, stderr = bytes(out), bytes(err)
             exit_code = self.api.exec_inspect(exec_id).get("ExitCode")
         except docker.errors.NotFound:
             raise ContainerGone(f"container {container_id[:12]} disappeared during an exec") from None
@@ -301,3 +363,54 @@ class DockerBackend:
                 self.remove(c["Id"])
                 removed += 1
         return removed
+
+
+    # -- disk ---------------------------------------------------------------------------
+
+    def _start_disk_watch(self) -> None:
+        with self._disk_lock:
+            if self.disk_watch is None:
+                self.disk_watch = DiskWatch(self)
+
+    def over_disk_limit(self) -> list[tuple[str, int]]:
+        """(id, bytes written) of this worker's running containers whose writable layer exceeds ``disk_limit``."""
+        limit = size_bytes(self.config.disk_limit or "0")
+        listed = self.api.containers(size=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_WORKER}={self.worker.id}"]})
+        return [(c["Id"], int(c.get("SizeRw") or 0)) for c in listed if int(c.get("SizeRw") or 0) > limit]
+
+
+class DiskWatch:
+    """Where the storage driver cannot limit a container's writable layer (overlay2 on ext4):
+    every ``disk_check_s`` seconds, remove this worker's containers that wrote more than
+    ``disk_limit`` on top of their image. The episode then fails as an infrastructure error
+    (its container is gone); ``ulimit -f`` keeps any single file below the limit meanwhile,
+    so between two checks a container can outgrow the limit only with many files.
+    """
+
+    def __init__(self, backend: DockerBackend) -> None:
+        self.backend = backend
+        self.removed: list[tuple[str, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agentrl-env-os-disk-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.backend.config.disk_check_s):
+            try:
+                self.check()
+            except Exception as exc:  # Docker briefly unreachable: try again at the next tick
+                log.warning("disk watch: listing container sizes failed: %s", exc)
+
+    def check(self) -> int:
+        """One round: remove the containers over the limit; returns how many."""
+        over = self.backend.over_disk_limit()
+        for container_id, size in over:
+            log.warning("removing container %s: it wrote %d bytes, more than environments.os.disk_limit=%s",
+                        container_id[:12], size, self.backend.config.disk_limit)
+            self.backend.remove(container_id)
+            self.removed.append((container_id, size))
+        return len(over)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
