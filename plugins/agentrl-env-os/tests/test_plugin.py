@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from agentrl_env_os.config import OSConfig
+from agentrl_env_os.config import DEFAULT_CAPABILITIES, OSConfig, size_bytes
 from agentrl_env_os.env import TOOLS, format_observation
 from agentrl_env_os.evaluate import match_answer, script_argv
 from agentrl_env_os.images import recipe_hashes
@@ -79,6 +79,27 @@ def test_config_is_validated_by_the_registry():
         registry.make_config("environment", "os", {"memory": "lots"})
     with pytest.raises(ConfigError, match="did you mean 'round_limit'"):
         registry.make_config("environment", "os", {"round_limt": 3})
+
+
+def test_sandbox_config_keys():
+    registry = Registry(get_plugin_manager(environ={}))
+    config = registry.make_config("environment", "os", {
+        "capabilities": ["CHOWN", "SETUID"], "disk_limit": None, "tmpfs": {"/tmp": "size=64m,exec"},
+        "read_only_root": True,
+    })
+    assert config.capabilities == ("CHOWN", "SETUID") and config.disk_limit is None and config.read_only_root
+    default = OSConfig()
+    assert default.capabilities == DEFAULT_CAPABILITIES and "NET_RAW" not in default.capabilities
+    assert (default.disk_limit, default.no_new_privileges, default.read_only_root, default.tmpfs) == ("2g", True, False, {})
+    assert (size_bytes("2g"), size_bytes("64m"), size_bytes("3k"), size_bytes("10")) == (2 * 2**30, 64 * 2**20, 3072, 10)
+    with pytest.raises(ConfigError, match="capability names"):
+        registry.make_config("environment", "os", {"capabilities": ["CAP_CHOWN"]})
+    with pytest.raises(ConfigError, match="capability names"):
+        registry.make_config("environment", "os", {"capabilities": ["ALL"]})
+    with pytest.raises(ConfigError, match="disk_limit"):
+        registry.make_config("environment", "os", {"disk_limit": "big"})
+    with pytest.raises(ConfigError, match="tmpfs"):
+        registry.make_config("environment", "os", {"tmpfs": {"/tmp": "mode=1777"}})  # no size=
 
 
 def test_tools_are_upstreams_function_schemas():

@@ -17,6 +17,7 @@ it has one, else :class:`DiskWatch`, which removes a container past it).
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import socket
@@ -312,13 +313,13 @@ class DockerBackend:
             stdout, stderr = bytes(out), bytes(err)
             exit_code = self.api.exec_inspect(exec_id).get("ExitCode")
         except docker.errors.NotFound:
-            raise ContainerGone(f"container {container_id[:12]} disappeared during an exec") from None
+            raise ContainerGone(self.gone_reason(container_id, "disappeared during an exec")) from None
         except docker.errors.APIError as exc:
             if self.running(container_id):
                 if _is_refusal(exc):
                     raise ExecRefused(f"container {container_id[:12]} refused a new process: {exc}") from None
                 raise
-            raise ContainerGone(f"container {container_id[:12]} stopped: {exc}") from None
+            raise ContainerGone(self.gone_reason(container_id, f"stopped: {exc}")) from None
         return (exit_code if exit_code is not None else -1), stdout or b"", stderr or b""
 
     def open_tty(self, container_id: str, argv: Sequence[str], environment: dict[str, str]) -> tuple[Any, Any]:
@@ -331,9 +332,11 @@ class DockerBackend:
             )["Id"]
             sock_io = self.api.exec_start(exec_id, tty=True, socket=True)
         except docker.errors.NotFound:
-            raise ContainerGone(f"container {container_id[:12]} disappeared") from None
+            raise ContainerGone(self.gone_reason(container_id, "disappeared")) from None
         except docker.errors.APIError as exc:
-            if self.running(container_id) and _is_refusal(exc):
+            if not self.running(container_id):  # stopped or being removed (409/500 "is not running")
+                raise ContainerGone(self.gone_reason(container_id, f"stopped: {exc}")) from None
+            if _is_refusal(exc):
                 raise ExecRefused(f"container {container_id[:12]} refused a new shell: {exc}") from None
             raise
         raw = getattr(sock_io, "_sock", sock_io)
@@ -372,6 +375,15 @@ class DockerBackend:
             if self.disk_watch is None:
                 self.disk_watch = DiskWatch(self)
 
+    def gone_reason(self, container_id: str, what: str) -> str:
+        """Why a container is gone: the disk watchdog's removal if it was that, else ``what``."""
+        watch = self.disk_watch
+        for removed, size in watch.removed if watch is not None else ():
+            if removed == container_id:
+                return (f"container {container_id[:12]} was removed: it wrote {size} bytes, more than "
+                        f"environments.os.disk_limit={self.config.disk_limit}")
+        return f"container {container_id[:12]} {what}"
+
     def over_disk_limit(self) -> list[tuple[str, int]]:
         """(id, bytes written) of this worker's running containers whose writable layer exceeds ``disk_limit``."""
         limit = size_bytes(self.config.disk_limit or "0")
@@ -389,7 +401,7 @@ class DiskWatch:
 
     def __init__(self, backend: DockerBackend) -> None:
         self.backend = backend
-        self.removed: list[tuple[str, int]] = []
+        self.removed: collections.deque[tuple[str, int]] = collections.deque(maxlen=1024)  # (id, bytes)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentrl-env-os-disk-watch", daemon=True)
         self._thread.start()
@@ -407,8 +419,8 @@ class DiskWatch:
         for container_id, size in over:
             log.warning("removing container %s: it wrote %d bytes, more than environments.os.disk_limit=%s",
                         container_id[:12], size, self.backend.config.disk_limit)
-            self.backend.remove(container_id)
             self.removed.append((container_id, size))
+            self.backend.remove(container_id)
         return len(over)
 
     def stop(self) -> None:
