@@ -10,7 +10,6 @@ import uuid
 import anyio
 import docker.errors
 import pytest
-
 from agentrl_env_os.config import DEFAULT_CAPABILITIES
 from agentrl_env_os.docker_backend import ContainerGone
 
