@@ -264,6 +264,9 @@ class InteractiveShell:
                 )
             await self.open()
         except (ExecRefused, ShellError) as exc:
+            if not await self.backend.call(self.backend.running, self.container_id):
+                # Removed from outside (or by the disk watchdog) while the new shell started.
+                raise ContainerGone(self.backend.gone_reason(self.container_id, f"stopped: {exc}")) from None
             log.info("container %s: the shell cannot be restarted (%s)", self.container_id[:12], exc)
             self.unresponsive = True
         except ContainerGone:
