@@ -29,8 +29,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 log = logging.getLogger(__name__)
+
+# The attention kernels the engine lets scaled_dot_product_attention choose from: all but
+# cuDNN's. cuDNN builds a graph per shape, and a decoding step's key length grows by one at
+# every step: on an H200 a step of the small tiny model took 60 ms with it and 7 ms without
+# (benchmarks/gpu/check.py's engine_throughput, 2026-12-04).
+ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "qwen3")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -177,44 +184,45 @@ class EngineModel:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         gqa = self.num_kv_heads != self.num_heads
         size = len(flat)
-        for index, blk in enumerate(self.blocks):
-            x = _rms_norm(hidden, blk.ln1, blk.eps)
-            qkv = F.linear(x, blk.qkv_w, blk.qkv_b)
-            q = qkv[:, :q_size].view(size, self.num_heads, self.head_dim)
-            k = qkv[:, q_size : q_size + kv_size].view(size, self.num_kv_heads, self.head_dim)
-            v = qkv[:, q_size + kv_size :].view(size, self.num_kv_heads, self.head_dim)
-            if blk.q_norm is not None:
-                q, k = blk.q_norm(q), blk.k_norm(k)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            k_layer, v_layer = self.k_cache[index], self.v_cache[index]  # [slots, H, T, D]
-            # advanced indices (slot, position) around a slice: the value is [S, H, D]
-            k_layer[slot_t, :, pos_t] = k
-            v_layer[slot_t, :, pos_t] = v
-            out = torch.empty(size, self.num_heads, self.head_dim, dtype=q.dtype, device=dev)
-            if single:
-                if block:
-                    lo = single_slots[0]
-                    keys = k_layer[lo : lo + len(single), :, :single_total]
-                    values = v_layer[lo : lo + len(single), :, :single_total]
-                else:
-                    keys = k_layer[single_slot_t, :, :single_total]
-                    values = v_layer[single_slot_t, :, :single_total]
-                attended = F.scaled_dot_product_attention(q[single_tok][:, :, None, :], keys, values,
-                                                          attn_mask=single_mask, scale=self.scaling, enable_gqa=gqa)
-                out[single_tok] = attended[:, :, 0, :]
-            for i in multi:
-                a, b, total = offsets[i], offsets[i + 1], starts[i] + lengths[i]
-                keys = k_layer[slots[i], :, :total][None]
-                values = v_layer[slots[i], :, :total][None]
-                attended = F.scaled_dot_product_attention(q[a:b].transpose(0, 1)[None], keys, values,
-                                                          attn_mask=multi_masks[i], scale=self.scaling,
-                                                          enable_gqa=gqa)
-                out[a:b] = attended[0].transpose(0, 1)
-            hidden = hidden + F.linear(out.view(size, q_size), blk.o_w, blk.o_b)
-            gate_up = F.linear(_rms_norm(hidden, blk.ln2, blk.eps), blk.gate_up_w)
-            gate, up = gate_up.chunk(2, dim=-1)
-            hidden = hidden + F.linear(blk.act(gate) * up, blk.down_w)
+        with sdpa_kernel(ATTENTION_BACKENDS):
+            for index, blk in enumerate(self.blocks):
+                x = _rms_norm(hidden, blk.ln1, blk.eps)
+                qkv = F.linear(x, blk.qkv_w, blk.qkv_b)
+                q = qkv[:, :q_size].view(size, self.num_heads, self.head_dim)
+                k = qkv[:, q_size : q_size + kv_size].view(size, self.num_kv_heads, self.head_dim)
+                v = qkv[:, q_size + kv_size :].view(size, self.num_kv_heads, self.head_dim)
+                if blk.q_norm is not None:
+                    q, k = blk.q_norm(q), blk.k_norm(k)
+                q = q * cos + _rotate_half(q) * sin
+                k = k * cos + _rotate_half(k) * sin
+                k_layer, v_layer = self.k_cache[index], self.v_cache[index]  # [slots, H, T, D]
+                # advanced indices (slot, position) around a slice: the value is [S, H, D]
+                k_layer[slot_t, :, pos_t] = k
+                v_layer[slot_t, :, pos_t] = v
+                out = torch.empty(size, self.num_heads, self.head_dim, dtype=q.dtype, device=dev)
+                if single:
+                    if block:
+                        lo = single_slots[0]
+                        keys = k_layer[lo : lo + len(single), :, :single_total]
+                        values = v_layer[lo : lo + len(single), :, :single_total]
+                    else:
+                        keys = k_layer[single_slot_t, :, :single_total]
+                        values = v_layer[single_slot_t, :, :single_total]
+                    attended = F.scaled_dot_product_attention(q[single_tok][:, :, None, :], keys, values,
+                                                              attn_mask=single_mask, scale=self.scaling, enable_gqa=gqa)
+                    out[single_tok] = attended[:, :, 0, :]
+                for i in multi:
+                    a, b, total = offsets[i], offsets[i + 1], starts[i] + lengths[i]
+                    keys = k_layer[slots[i], :, :total][None]
+                    values = v_layer[slots[i], :, :total][None]
+                    attended = F.scaled_dot_product_attention(q[a:b].transpose(0, 1)[None], keys, values,
+                                                              attn_mask=multi_masks[i], scale=self.scaling,
+                                                              enable_gqa=gqa)
+                    out[a:b] = attended[0].transpose(0, 1)
+                hidden = hidden + F.linear(out.view(size, q_size), blk.o_w, blk.o_b)
+                gate_up = F.linear(_rms_norm(hidden, blk.ln2, blk.eps), blk.gate_up_w)
+                gate, up = gate_up.chunk(2, dim=-1)
+                hidden = hidden + F.linear(blk.act(gate) * up, blk.down_w)
         last = torch.as_tensor([offsets[i + 1] - 1 for i in range(len(lengths))], device=dev)
         hidden = _rms_norm(hidden[last], self.norm.weight, self.norm.variance_epsilon)
         return F.linear(hidden, self.lm_head.weight).float()
