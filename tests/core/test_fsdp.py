@@ -8,6 +8,7 @@ an independent, naive log-prob computation (one forward per sequence, full softm
 
 from __future__ import annotations
 
+import math
 import os
 import random
 
@@ -233,3 +234,42 @@ def test_single_process_layouts_match_reference(tiny_model_dir, world_of_one, sm
     assert metrics["loss"] == pytest.approx(expected["token_loss"], rel=1e-5, abs=1e-6)
     for name, param in learner.model.named_parameters():
         torch.testing.assert_close(param.grad.full_tensor(), expected["token_grads"][name], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_the_learner_keeps_each_samples_loss_token_logprobs(tiny_model_dir, world_of_one, small_batch, layout):
+    """What the trajectory store records as learner log-probs: per sample, the loss tokens' log-probs under
+    the weights the step started from, whatever micro-batch the sample landed in; their ratios average to
+    the step's ``ratio`` metric (token-mean)."""
+    from transformers import AutoModelForCausalLM
+
+    from agentrl_core.train.learner import Learner
+
+    samples, expected = small_batch
+    train = TrainConfig(device="cpu", max_tokens_per_micro_batch=70)
+    learner = Learner(tiny_model_dir, train=train, optim=OptimConfig(lr=LR), loss=LOSS, temperature=TEMPERATURE,
+                      layout=layout, keep_token_logprobs=True)
+    metrics = learner.train_step(samples)
+    kept = learner.take_token_logprobs()
+    assert learner.take_token_logprobs() == {}  # taken once
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
+    with torch.no_grad():
+        naive = naive_logprobs(model, samples)
+    assert sorted(kept) == list(range(len(samples)))
+    ratios = []
+    for i, s in enumerate(samples):
+        positions = [p for p, m in enumerate(s.loss_mask) if m]
+        torch.testing.assert_close(torch.tensor(kept[i]), naive[i, positions], rtol=0, atol=1e-5)
+        ratios += [math.exp(lp - s.old_logprobs[p]) for lp, p in zip(kept[i], positions, strict=True)]
+    assert sum(ratios) / len(ratios) == pytest.approx(metrics["ratio"], rel=1e-5)
+    assert metrics["ratio"] == pytest.approx(expected["token_metrics"]["ratio"], rel=1e-5)
+
+
+def test_the_learner_keeps_no_logprobs_unless_asked(tiny_model_dir, world_of_one, small_batch):
+    from agentrl_core.train.learner import Learner
+
+    samples, _ = small_batch
+    learner = Learner(tiny_model_dir, train=TrainConfig(device="cpu"), optim=OptimConfig(lr=LR), loss=LOSS,
+                      temperature=TEMPERATURE)
+    learner.forward_backward(samples)
+    assert learner.take_token_logprobs() == {}

@@ -56,3 +56,24 @@ def test_the_group_offers_the_services_calls():
     calls = {"connect", "train_step", "sync", "save_checkpoint", "load_checkpoint", "save_hf_model"}
     assert calls <= {n for n in vars(LearnerGroup) if not n.startswith("_")}
     assert calls <= {n for n in vars(LearnerService) if not n.startswith("_")}
+
+
+@pytest.mark.anyio
+async def test_token_logprobs_are_merged_from_every_rank():
+    """Each rank trains its own share of the samples: the group returns all of them."""
+
+    class Rank:
+        def __init__(self, part):
+            self.part = part
+            outer = self
+
+            class Method:
+                @staticmethod
+                async def remote():
+                    return outer.part
+
+            self.take_token_logprobs = Method
+
+    group = LearnerGroup([Rank({0: [-1.0], 2: [-0.5, -0.25]}), Rank({1: [-2.0]})])
+    assert await group.take_token_logprobs() == {0: [-1.0], 1: [-2.0], 2: [-0.5, -0.25]}
+    assert "take_token_logprobs" in vars(LearnerService)

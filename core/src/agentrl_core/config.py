@@ -277,6 +277,9 @@ class LoggingConfig:
     loggers: list[str] = field(factory=lambda: ["jsonl"])
     sample_rollouts: int = field(default=2, validator=in_range(0))
     progress: bool = True
+    # <run dir>/trajectories.sqlite: every trained trajectory with its tokens (core/docs/observability.md)
+    trajectory_store: bool = True
+    trajectory_store_max_steps: int = field(default=100, validator=in_range(1))  # older steps are deleted
 
 
 @frozen

@@ -127,6 +127,13 @@ class LearnerGroup:
     async def train_step(self, samples: list[Any]) -> dict[str, float]:
         return (await self._each(lambda r: r.train_step.remote(samples)))[0]
 
+    async def take_token_logprobs(self) -> dict[int, list[float]]:
+        """The last step's loss-token log-probs of every rank's samples, merged (each rank trained its own)."""
+        merged: dict[int, list[float]] = {}
+        for part in await self._each(lambda r: r.take_token_logprobs.remote()):
+            merged.update(part)
+        return merged
+
     async def sync(self, pools: list[str], version: int) -> dict[str, float]:
         return (await self._each(lambda r: r.sync.remote(pools, version)))[0]
 

@@ -153,6 +153,8 @@ class Learner:
         layout: ``packed`` (no padding) or ``padded`` micro-batches; default ``train.micro_batch_layout``.
         param_dtype: compute dtype on CUDA (default bf16, ``model.dtype``); the CPU always computes in fp32.
         trust_remote_code: let transformers run the checkpoint's own model code (``model.trust_remote_code``).
+        keep_token_logprobs: keep the log-probs of each step's loss tokens for :meth:`take_token_logprobs`
+            (the trajectory store's learner log-probs and ratios).
 
     :func:`init_distributed` must have run on every rank first.
     """
@@ -170,6 +172,7 @@ class Learner:
         param_dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str | None = None,
         trust_remote_code: bool = False,
+        keep_token_logprobs: bool = False,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("call agentrl_core.train.learner.init_distributed() on every rank before building a Learner")
@@ -216,6 +219,8 @@ class Learner:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _warmup_lambda(o.warmup_steps))
         self.step = 0
+        self.keep_token_logprobs = keep_token_logprobs
+        self._token_logprobs: dict[int, list[float]] = {}
 
     # -- training -------------------------------------------------------------------
 
@@ -266,6 +271,7 @@ class Learner:
 
         entropy_grad = self.loss_config.entropy_coef != 0.0
         sums: dict[str, float] = {}
+        self._token_logprobs = {}
         self.optimizer.zero_grad(set_to_none=True)
         for k, idx in enumerate(mine):
             mb = collate([samples[i] for i in idx], self.layout, self.pad_token_id).to(self.device)
@@ -275,6 +281,8 @@ class Learner:
                 entropy=out.entropy, num_tokens=num_tokens, num_seqs=num_seqs,
             )
             (loss * self.world_size + out.anchor).backward()
+            if self.keep_token_logprobs:
+                self._keep_logprobs(idx, samples, out.logprobs.detach()[mb.target_seq, mb.target_pos])
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
         t_actor = time.perf_counter()
@@ -295,6 +303,18 @@ class Learner:
         metrics["time/ref_s"] = t_ref - t0
         metrics["time/actor_s"] = t_actor - t_ref
         return metrics
+
+    def _keep_logprobs(self, idx: list[int], samples: Sequence[TrainSample], values: torch.Tensor) -> None:
+        """Split a micro-batch's loss-token log-probs (in target order: sample by sample) by sample."""
+        counts = [sum(samples[i].loss_mask) for i in idx]
+        for i, part in zip(idx, values.float().cpu().split(counts), strict=True):
+            self._token_logprobs[i] = part.tolist()
+
+    def take_token_logprobs(self) -> dict[int, list[float]]:
+        """This rank's log-probs of the last step's loss tokens, by sample index, under the weights the
+        step started from (the ones its ratio used); empty unless ``keep_token_logprobs``."""
+        out, self._token_logprobs = self._token_logprobs, {}
+        return out
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip the gradient norm, step AdamW and the LR schedule, clear the gradients."""

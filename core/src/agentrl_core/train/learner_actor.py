@@ -42,7 +42,8 @@ class LearnerService:
         self.learner = Learner(model_path, train=config.train, optim=config.optim, loss=config.loss,
                                temperature=config.rollout.temperature, loss_fn=loss_fn, device=device,
                                param_dtype=compute_dtype(config.model.dtype),
-                               trust_remote_code=config.model.trust_remote_code)
+                               trust_remote_code=config.model.trust_remote_code,
+                               keep_token_logprobs=config.logging.trajectory_store)
         self.transports: dict[str, Any] = {}
 
     def default_address(self) -> str:
@@ -78,6 +79,10 @@ class LearnerService:
 
     def train_step(self, samples: list[Any]) -> dict[str, float]:
         return self.learner.train_step(samples)
+
+    def take_token_logprobs(self) -> dict[int, list[float]]:
+        """The loss tokens' log-probs of the last ``train_step`` on this rank, by sample index."""
+        return self.learner.take_token_logprobs()
 
     def sync(self, pools: list[str], version: int) -> dict[str, float]:
         from agentrl_core.train.weight_sync import push_weights
