@@ -201,3 +201,20 @@ def test_a_writer_error_is_reported_and_does_not_reach_the_loop(tmp_path, caplog
     store.close()
     assert "stops writing" in caplog.text
     assert rows(path, "SELECT count(*) FROM trajectories") == [(0,)]
+
+
+def test_a_validation_round_is_stored_at_its_step_and_pruned_with_it(tmp_path):
+    path = tmp_path / FILENAME
+    with TrajectoryStore(path, run="r", max_steps=2) as store:
+        store.add_step(1, [traj("g1", 0)])
+        store.add_episodes([traj("v", 0), traj("v", 1)], kind="validation", step=1)
+        assert rows_after_flush(store, "SELECT kind, step, count(*) FROM trajectories GROUP BY kind") == [
+            ("train", 1, 1), ("validation", 1, 2)]
+        store.add_step(2, [traj("g2", 0)])
+        store.add_step(3, [traj("g3", 0)])
+    assert rows(path, "SELECT kind, step FROM trajectories ORDER BY step") == [("train", 2), ("train", 3)]
+
+
+def rows_after_flush(store, sql):
+    store.flush()
+    return rows(store.path, sql)

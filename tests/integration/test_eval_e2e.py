@@ -4,6 +4,7 @@ task worker and engine; and the same through the OpenAI-compatible endpoint of t
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 
@@ -41,6 +42,21 @@ def test_eval_single_model_through_controller_worker_and_engine(tmp_path, tiny_m
     assert sum(task["statuses"].values()) == 12
     lines = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     assert len(lines) == 12 and json.loads(lines[0])["messages"][0]["role"] == "system"
+    # the trajectory store has the same 12 episodes, each with its tokens
+    from agentrl_core.train.trajstore import read_tokens
+
+    conn = sqlite3.connect(tmp_path / "out" / "trajectories.sqlite")
+    stored = conn.execute("SELECT id, kind, task, task_index, sample, status, reward, num_tokens, num_action_tokens "
+                          "FROM trajectories ORDER BY task_index, sample").fetchall()
+    by_episode = {(e["index"], e["repeat"]): e for e in map(json.loads, lines)}
+    assert len(stored) == 12 and {r[1:3] for r in stored} == {("eval", "calc-test")}
+    for traj_id, _, _, index, sample, status, reward, num_tokens, num_action in stored:
+        assert (status, reward) == (by_episode[(index, sample)]["status"], by_episode[(index, sample)]["reward"])
+        tokens = read_tokens(conn, traj_id)
+        assert len(tokens["input_ids"]) == num_tokens and sum(tokens["loss_mask"]) == num_action > 0
+        assert all(v is not None and v <= 0 for v, m in zip(tokens["logprobs"], tokens["loss_mask"]) if m)
+        assert tokens["learner_logprobs"] is None  # evaluation trains nothing
+    conn.close()
 
 
 def test_eval_openai_endpoint_baseline(tmp_path, tiny_model_dir):
@@ -55,6 +71,11 @@ def test_eval_openai_endpoint_baseline(tmp_path, tiny_model_dir):
         driver.shutdown()
     task = summary["models"]["openai"]["calc-test"]
     assert task["episodes"] + task["infra_failures"] == 12 and task["infra_failures"] == 0
+    conn = sqlite3.connect(tmp_path / "out" / "trajectories.sqlite")  # an endpoint's episodes: messages, no tokens
+    assert conn.execute("SELECT count(*), count(DISTINCT model), sum(json_array_length(messages) > 1) "
+                        "FROM trajectories").fetchone() == (12, 1, 12)
+    assert conn.execute("SELECT count(*) FROM tokens").fetchone() == (0,)
+    conn.close()
 
 
 def test_eval_of_a_run_folder_evaluates_its_final_policy_and_says_so(tmp_path, tiny_model_dir):

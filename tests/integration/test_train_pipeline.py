@@ -8,8 +8,10 @@ engine and the FSDP2 learner, on the tiny model and the calc example environment
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -110,6 +112,10 @@ def test_sigkill_and_resume_trains_the_same_groups(tmp_path, tiny_model_dir):
     proc.wait()
     assert_no_processes_left(run_dir)
     assert (run_dir / "checkpoints" / "step_00000002").is_dir()
+    # the killed run's trajectory store opens, with at least the steps up to the checkpoint
+    with sqlite3.connect(run_dir / "trajectories.sqlite") as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert {1, 2} <= {s for (s,) in conn.execute("SELECT DISTINCT step FROM trajectories")}
 
     out = finish(agentrl("train", str(config), "--resume"))
     assert "resumed from" in out and "at step 2" in out and "training, per task" in out
@@ -121,6 +127,44 @@ def test_sigkill_and_resume_trains_the_same_groups(tmp_path, tiny_model_dir):
     assert len(groups) == len(set(groups)), "a group was trained twice"
     indices = sorted(int(g.rsplit("-e0-", 1)[1]) for g in groups)
     assert indices == list(range(12)), f"the resumed run skipped or repeated tasks of the epoch: {indices}"
+    assert_store_matches_the_logs(run_dir, steps=6)
+
+
+def assert_store_matches_the_logs(run_dir: Path, steps: int) -> None:
+    """The trajectory store holds, for every step, the groups trained_groups.jsonl lists, and numbers
+    that agree with metrics.jsonl (the last line of a step counts: a resumed run logs its steps again)."""
+    from agentrl_core.train.trajstore import read_tokens
+
+    metrics = {int(m["step"]): m for m in metrics_of(run_dir) if "task/calc-train/reward" in m}
+    groups = {i + 1: g for i, g in enumerate(trained(run_dir))}
+    conn = sqlite3.connect(run_dir / "trajectories.sqlite")
+    assert [s for (s,) in conn.execute("SELECT DISTINCT step FROM trajectories WHERE kind = 'train' ORDER BY step")] \
+        == list(range(1, steps + 1))
+    assert conn.execute("SELECT count(*) FROM trajectories t LEFT JOIN tokens k ON k.trajectory_id = t.id "
+                        "WHERE k.trajectory_id IS NULL").fetchone() == (0,)
+    for step in range(1, steps + 1):
+        m = metrics[step]
+        assert m["time/trajectory_store_s"] >= 0.0
+        rows = conn.execute("SELECT id, group_id, reward, status, advantage FROM trajectories WHERE step = ?",
+                            (step,)).fetchall()
+        assert sorted({r[1] for r in rows}) == sorted(groups[step])
+        assert len(rows) == m["trajectories"]
+        assert sum(r[2] for r in rows) / len(rows) == pytest.approx(m["reward"])
+        ratios = []
+        for traj_id, *_ in rows:
+            tokens = read_tokens(conn, traj_id)
+            mask = tokens["loss_mask"]
+            assert len(tokens["input_ids"]) == len(mask) == len(tokens["versions"]) == len(tokens["ratios"])
+            for p, on in enumerate(mask):
+                assert (tokens["learner_logprobs"][p] is not None) == bool(on)
+                if on:
+                    assert tokens["ratios"][p] == pytest.approx(
+                        math.exp(tokens["learner_logprobs"][p] - tokens["logprobs"][p]), rel=1e-4)
+                    assert 0 <= tokens["versions"][p] <= step - 1
+                    ratios.append(tokens["ratios"][p])
+        # the learner's ratio metric is the token-mean of exactly these ratios
+        assert sum(ratios) / len(ratios) == pytest.approx(m["learner/ratio"], rel=1e-3)
+    conn.close()
 
 
 def _processes_of(run_dir: Path) -> list[str]:

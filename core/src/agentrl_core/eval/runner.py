@@ -123,28 +123,39 @@ def make_token_players(
                                         seed=config.run.seed)
 
     async def play(item: EvalRequest) -> dict[str, Any]:
-        return trajectory_result(await loops[item.model].run(item.request))
+        traj = await loops[item.model].run(item.request)
+        return {**trajectory_result(traj), "trajectory": traj}  # the trajectory (tokens) for the store
 
     return play
 
 
 class ResultWriter:
-    """Collects results, writes trajectories.jsonl as they arrive, and the summary at the end."""
+    """Collects results, writes trajectories.jsonl as they arrive, and the summary at the end.
 
-    def __init__(self, out_dir: Path, mode: str = "single") -> None:
+    With ``store`` (a :class:`~agentrl_core.train.trajstore.TrajectoryStore`), every episode also
+    goes to the trajectory store, with its tokens when the player returned its ``trajectory``.
+    """
+
+    def __init__(self, out_dir: Path, mode: str = "single", store: Any = None) -> None:
         self.out_dir = out_dir
         self.mode = mode
+        self.store = store
         out_dir.mkdir(parents=True, exist_ok=True)
         self.results: list[EpisodeResult] = []
         self._file = open(out_dir / "trajectories.jsonl", "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def add(self, item: EvalRequest, result: dict[str, Any]) -> None:
         r = item.request
+        result = dict(result)
+        trajectory = result.pop("trajectory", None)
         self.results.append(EpisodeResult(r.task, r.index, item.repeat, float(result["reward"]), str(result["status"]),
                                           int(result["turns"]), item.model))
         self._file.write(json.dumps({"task": r.task, "index": r.index, "repeat": item.repeat, "model": item.model,
                                      **result}, ensure_ascii=False) + "\n")
         self._file.flush()
+        if self.store is not None:
+            self.store.add_episode(trajectory, kind="eval", result=result, task=r.task, index=r.index,
+                                   sample=item.repeat, model=item.model, group_id=r.group_id, uid=r.uid, split=r.split)
 
     def summaries(self) -> dict[str, dict[str, TaskSummary]]:
         by_model: dict[str, list[EpisodeResult]] = {}
@@ -154,6 +165,8 @@ class ResultWriter:
 
     def close(self, extra: dict[str, Any] | None = None) -> dict[str, dict[str, TaskSummary]]:
         self._file.close()
+        if self.store is not None:
+            self.store.close()
         summaries = self.summaries()
         payload = {"models": {m: {t: s.to_json() for t, s in ts.items()} for m, ts in summaries.items()}, **(extra or {})}
         (self.out_dir / "summary.json").write_text(json.dumps(payload, indent=2))

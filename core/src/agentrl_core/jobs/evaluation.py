@@ -105,7 +105,12 @@ class Evaluation:
         from agentrl_core.controlplane.client import ControllerClient
 
         c = self.config
-        writer = ResultWriter(self.out_dir, "single" if self.openai else c.eval.mode)
+        store = None
+        if c.logging.trajectory_store:
+            from agentrl_core.train.trajstore import FILENAME, TrajectoryStore
+
+            store = TrajectoryStore(self.out_dir / FILENAME, run=c.run.name, max_steps=None, queue_steps=4096)
+        writer = ResultWriter(self.out_dir, "single" if self.openai else c.eval.mode, store=store)
         t0 = time.monotonic()
         async with ControllerClient(url) as client:
             if self.openai:
@@ -122,7 +127,8 @@ class Evaluation:
             await self._close()
         summaries = writer.close({"mode": mode, "repeats": c.eval.repeats, "seconds": time.monotonic() - t0})
         print_summaries(summaries, self.echo)
-        self.echo(f"\ntrajectories and summary in {self.out_dir}")
+        self.echo(f"\ntrajectories and summary in {self.out_dir}"
+                  + (f" (trajectory store: {store.path})" if store is not None else ""))
         return {m: {t: s.to_json() for t, s in ts.items()} for m, ts in summaries.items()}
 
     def describe_models(self) -> list[str]:

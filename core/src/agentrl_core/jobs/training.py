@@ -63,6 +63,7 @@ class Trainer:
         self._wait_scope: anyio.CancelScope | None = None
         self.history: list[dict[str, Any]] = []
         self.progress: TrainProgress | None = None
+        self.store: Any = None  # the trajectory store (train.trajstore), when logging.trajectory_store
         self._engine_busy: dict[str, tuple[float, float]] = {}
         self._said_no_signal = False  # the note on a step with no learning signal is said once a run
         self._validate_config()
@@ -216,6 +217,7 @@ class Trainer:
             self.stream = TaskStream(tasks, c.rollout.n_samples, seed=c.run.seed)
             await self._maybe_resume()
             self.metrics_out = self._loggers()
+            self.store = self._open_store()
             sync = await self._bounded(pools.learner.sync([p.name for p in self.pool_specs], self.step),
                                        what="the initial weight sync")
             self.echo(f"initial weights synced to {', '.join(p.name for p in self.pool_specs)} "
@@ -257,6 +259,8 @@ class Trainer:
                     await self.gateway.aclose()
                 for logger in self.metrics_out:
                     logger.close()
+                if self.store is not None:
+                    self.store.close()
         return summary
 
     def _build_rollout(self, agent_loop: Any) -> None:
@@ -353,9 +357,13 @@ class Trainer:
             self._said_no_signal = True
             self.echo(no_signal_note(trajectories, self.step + 1))
         t_adv = time.monotonic()
+        token_logprobs = None
         async with self.learner_lock:
             learner_metrics = await self.pools.learner.train_step(samples)
-        t_train = time.monotonic()
+            t_train = time.monotonic()
+            if self.store is not None:  # the learner's log-probs of this step's loss tokens, for the store
+                token_logprobs = await self.pools.learner.take_token_logprobs()
+        t_fetch = time.monotonic() - t_train
         version = self.step  # the weights being updated; the batch's lag is measured against them
         self.step += 1
         trained = sorted({t.group_id for t in trajectories})
@@ -385,18 +393,45 @@ class Trainer:
             "time/wait_rollout_s": wait_s,
             "time/advantages_s": t_adv - t0,
             "time/train_s": t_train - t_adv,
-            "time/sync_s": t_sync - t_train,
+            "time/sync_s": t_sync - t_train - t_fetch,
             "time/step_s": wait_s + (t_sync - t0),
             "trained_tokens_per_s": learner_metrics.get("num_tokens", 0.0) / max(wait_s + (t_sync - t0), 1e-9),
         }
         for normalizer in self.normalizers:
             metrics.update(getattr(normalizer, "metrics", dict)())
         metrics.update(getattr(self.sampler, "metrics", lambda *_: {})(trajectories, version))
+        if self.store is not None:
+            metrics.update(await self._store_step(trajectories, adv.advantages, token_logprobs, metrics, t_fetch))
         self._log(metrics, trajectories)
         if c.train.eval_every and self.step % c.train.eval_every == 0 and c.train.eval_tasks:
             self._log({"step": self.step, **await self.validate()}, [])
         if c.train.checkpoint_every and self.step % c.train.checkpoint_every == 0:
             await self.save_checkpoint()
+
+    def _open_store(self) -> Any:
+        from agentrl_core.train.trajstore import FILENAME, TrajectoryStore
+
+        c = self.config
+        if not c.logging.trajectory_store:
+            return None
+        store = TrajectoryStore(self.run_dir / FILENAME, run=c.run.name, max_steps=c.logging.trajectory_store_max_steps)
+        if self.resume:
+            store.truncate_after(self.step)  # the steps after the checkpoint are trained again
+        return store
+
+    async def _store_step(self, trajectories: list[Any], advantages: Any, token_logprobs: Any,
+                          metrics: dict[str, Any], fetch_s: float) -> dict[str, float]:
+        """Hand the step to the store's writer thread; the loop waits only when the writer is far behind."""
+        t0 = time.monotonic()
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        queued = self.store.add_step(self.step, trajectories, advantages=advantages, learner_logprobs=token_logprobs,
+                                     metrics=scalars, block=False)
+        if not queued:
+            await anyio.to_thread.run_sync(lambda: self.store.add_step(
+                self.step, trajectories, advantages=advantages, learner_logprobs=token_logprobs, metrics=scalars))
+        return {"time/trajectory_store_s": fetch_s + time.monotonic() - t0,
+                "trajectory_store/write_s": self.store.take_write_seconds(),
+                "trajectory_store/failed": float(self.store.error is not None)}
 
     def _snapshot(self) -> dict[str, Any]:
         stats = self.buffer.stats()
@@ -519,14 +554,19 @@ class Trainer:
                                   pools={"current": self.engine_pools["current"]}, mode="single")
         requests = await build_requests(self.client, c.train.eval_tasks, 1, ["current"], "single")
         results: list[EpisodeResult] = []
+        played: list[Any] = []
 
         def keep(item: Any, result: dict[str, Any]) -> None:
             r = item.request
             results.append(EpisodeResult(r.task, r.index, 0, float(result["reward"]), str(result["status"]),
                                          int(result["turns"])))
+            if result.get("trajectory") is not None:
+                played.append(result["trajectory"])
 
         progress = EpisodeProgress("validation", echo=self.echo, live=False) if c.logging.progress else None
         await run_requests(requests, play, concurrency=c.eval.concurrency, on_result=keep, progress=progress)
+        if self.store is not None and played:
+            await anyio.to_thread.run_sync(lambda: self.store.add_episodes(played, kind="validation", step=self.step))
         self.last_validation = summarize(results)
         out = {}
         for task, s in self.last_validation.items():

@@ -142,7 +142,7 @@ class TrajectoryStore:
         path: the database file (created with its schema if missing).
         run: the run's name, stored on every row.
         max_steps: keep the trajectories of the last ``max_steps`` training steps (``None``: all).
-        queue_steps: items the loop may be ahead of the writer before :meth:`add_step` waits.
+        queue_steps: items (steps, episodes) the loop may be ahead of the writer before adding waits.
 
     Call :meth:`close` to flush and stop the writer (it is safe to call twice).
     """
@@ -188,6 +188,10 @@ class TrajectoryStore:
         self._put(("episode", (kind, step, trajectory, dict(result or {}),
                                dict(task=task, index=index, sample=sample, model=model, group_id=group_id, uid=uid,
                                     split=split))), True)
+
+    def add_episodes(self, trajectories: Sequence[Any], *, kind: str = "validation", step: int | None = None) -> None:
+        """Queue several ``Trajectory`` episodes as one item (a validation round of a training run)."""
+        self._put(("episodes", (kind, step, list(trajectories))), True)
 
     def truncate_after(self, step: int) -> None:
         """Delete the training and validation rows of steps after ``step`` (a resumed run trains them again)."""
@@ -236,7 +240,8 @@ class TrajectoryStore:
     # -- the writer thread ------------------------------------------------------------------
 
     def _write_loop(self) -> None:
-        writers = {"step": self._write_step, "episode": self._write_episode, "truncate": self._write_truncate}
+        writers = {"step": self._write_step, "episode": self._write_episode, "episodes": self._write_episodes,
+                   "truncate": self._write_truncate}
         while True:
             item = self._queue.get()
             batch = [item]
@@ -303,6 +308,11 @@ class TrajectoryStore:
              str(result.get("status", "unknown")), None, result.get("reward"), result.get("turns"),
              _json(messages), _json(tool_calls_of(messages)), _json({"error": result.get("error")})),
         )
+
+    def _write_episodes(self, kind: str, step: int | None, trajectories: list[Any]) -> None:
+        now = time.time()
+        for traj in trajectories:
+            self._insert(kind, step, now, traj)
 
     def _write_truncate(self, step: int) -> None:
         for table in ("trajectories", "steps"):
