@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrl_core.jobs.progress import EpisodeProgress, PhaseProgress, TrainProgress, duration
+from agentrl_core.jobs.progress import EpisodeProgress, PhaseProgress, TrainProgress, duration, step_line, where_to_look
 
 
 class Clock:
@@ -85,3 +85,33 @@ def test_a_step_without_learning_signal_is_explained():
     assert "agentrl sft" in note
     mixed = [SimpleNamespace(training_reward=r) for r in (0.0, 0.0, 1.0, 1.0)]
     assert "the samples of every group got equal rewards" in no_signal_note(mixed, 3)
+
+
+BY_TASK = {"step": 3, "reward": 0.5, "success": 0.25, "trajectories": 8, "version_lag/mean": 0.5,
+           "learner/loss": 0.01234, "trained_tokens_per_s": 812.4, "time/step_s": 2.04, "time/wait_rollout_s": 1.0,
+           "task/db-std/reward": 0.75, "task/db-std/success": 0.5, "task/os-std/reward": 0.25, "task/os-std/success": 0.0}
+
+
+def test_step_line_shows_reward_and_success_by_task_when_there_are_several():
+    line = step_line(BY_TASK, 10)
+    assert line.startswith("step 3/10  reward 0.500  success 0.250  [db-std 0.75/0.50  os-std 0.25/0.00]  traj 8")
+    one_task = {k: v for k, v in BY_TASK.items() if "os-std" not in k}
+    assert "[" not in step_line(one_task, 10)  # one task: the overall numbers are its numbers
+
+
+def test_where_to_look_lists_what_exists(tmp_path):
+    (tmp_path / "tensorboard").mkdir()
+    (tmp_path / "final_model").mkdir()
+
+    class Tracker:
+        url = "http://mlflow.local/#/experiments/1/runs/abc"
+
+    text = where_to_look(tmp_path, store=tmp_path / "trajectories.sqlite", loggers=[Tracker(), object()],
+                         view_command=True)
+    assert text.splitlines()[0] == f"run folder: {tmp_path}"
+    assert f"tensorboard --logdir {tmp_path / 'tensorboard'}" in text
+    assert f"sqlite3 {tmp_path / 'trajectories.sqlite'}" in text and f"agentrl view {tmp_path}" in text
+    assert "Tracker: http://mlflow.local/#/experiments/1/runs/abc" in text
+    assert "final model:" in text and "checkpoints" not in text
+    bare = where_to_look(tmp_path / "none")
+    assert "trajectory store" not in bare and "agentrl view" not in bare and "tensorboard" not in bare

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -77,7 +78,9 @@ class TrainProgress:
         m = self.last
         table = Table.grid(padding=(0, 2))
         elapsed = time.monotonic() - self.started
-        table.add_row("step", f"{int(m.get('step', 0))}/{self.total_steps}", "elapsed", f"{elapsed:.0f} s")
+        done = int(m.get("step", 0))
+        eta = elapsed / done * (self.total_steps - done) if done > 0 else float("inf")
+        table.add_row("step", f"{done}/{self.total_steps}", "elapsed", f"{duration(elapsed)}, eta {duration(eta)}")
         table.add_row("episodes", f"{int(now.get('episodes', 0))} done, {int(now.get('in_flight', 0))} running",
                       "buffer", f"{int(now.get('ready', 0))} ready, {int(now.get('pending', 0))} in incomplete groups")
         table.add_row("reward", f"{m.get('reward', 0.0):.3f}", "success", f"{m.get('success', 0.0):.3f}")
@@ -97,9 +100,12 @@ def step_line(m: dict[str, Any], total: int, *, elapsed: float | None = None, et
     """
     timing = f"  elapsed {duration(elapsed)}  eta {duration(eta)}" if elapsed is not None and eta is not None else ""
     rate = m.get("trained_tokens_per_s", 0.0) if tokens_per_s is None else tokens_per_s
+    tasks = sorted(k.split("/")[1] for k in m if k.startswith("task/") and k.endswith("/reward"))
+    by_task = "  ".join(f"{t} {m[f'task/{t}/reward']:.2f}/{m.get(f'task/{t}/success', 0.0):.2f}" for t in tasks)
     return (
         f"step {int(m.get('step', 0))}/{total}{timing}  reward {m.get('reward', 0.0):.3f}  "
-        f"success {m.get('success', 0.0):.3f}  traj {int(m.get('trajectories', 0))}  "
+        f"success {m.get('success', 0.0):.3f}" + (f"  [{by_task}]" if len(tasks) > 1 else "") + "  "
+        f"traj {int(m.get('trajectories', 0))}  "
         f"lag {m.get('version_lag/mean', 0.0):.2f}  loss {m.get('learner/loss', 0.0):.4f}  tok/s {rate:,.0f}  "
         f"step {m.get('time/step_s', 0.0):.1f}s (wait {m.get('time/wait_rollout_s', 0.0):.1f}s)"
     )
@@ -115,6 +121,26 @@ def duration(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def where_to_look(run_dir: Path, *, store: Path | None = None, loggers: Sequence[Any] = (),
+                  view_command: bool = False) -> str:
+    """The lines ``agentrl train`` ends with: where the run's results are and how to open them."""
+    lines = [f"run folder: {run_dir}", f"  metrics:            {run_dir / 'metrics.jsonl'}"]
+    if (run_dir / "tensorboard").is_dir():
+        lines.append(f"  tensorboard:        tensorboard --logdir {run_dir / 'tensorboard'}")
+    if store is not None:
+        lines.append(f"  trajectory store:   sqlite3 {store}  (schema and queries: core/docs/observability.md)")
+        if view_command:
+            lines.append(f"  browse it:          agentrl view {run_dir}")
+    for logger in loggers:
+        url = getattr(logger, "url", None)
+        if url:
+            lines.append(f"  {type(logger).__name__}: {url}")
+    for name, what in (("final_model", "final model"), ("checkpoints", "checkpoints"), ("logs", "process logs")):
+        if (run_dir / name).exists():
+            lines.append(f"  {what + ':':<19} {run_dir / name}")
+    return "\n".join(lines)
 
 
 class PhaseProgress:

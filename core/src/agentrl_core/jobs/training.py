@@ -33,7 +33,7 @@ import yaml
 
 from agentrl_core.config import Config, config_to_dict
 from agentrl_core.errors import AgentrlError, ConfigError
-from agentrl_core.jobs.progress import EpisodeProgress, TrainProgress
+from agentrl_core.jobs.progress import EpisodeProgress, TrainProgress, where_to_look
 from agentrl_core.registry import Registry
 from agentrl_core.train.engine_watch import EngineWatchdog
 from agentrl_core.train.rollout_manager import RolloutManager, default_max_consecutive_drops, warmup_minimum
@@ -636,6 +636,8 @@ class Trainer:
         if final_model:
             self.echo(f"\nthe trained policy (step {self.step}) is a Hugging Face folder: {final_model}\n"
                       f"evaluate it with: agentrl eval {self.run_dir}")
+        self.echo("\n" + where_to_look(self.run_dir, store=self.store.path if self.store is not None else None,
+                                       loggers=self.metrics_out, view_command=_has_view_command()))
         return summary
 
 
@@ -667,6 +669,13 @@ def _truncate_log(path: Path, step: int) -> None:
         return
     kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
     path.write_text("".join(line + "\n" for line in kept))
+
+
+def _has_view_command() -> bool:
+    """Whether this install has ``agentrl view`` (the trajectory viewer) to point the user at."""
+    import importlib.util
+
+    return importlib.util.find_spec("agentrl_core.cli.view") is not None
 
 
 def _device_kind(device: str) -> str:
