@@ -125,6 +125,7 @@ class Trainer:
 
         c = self.config
         config_path = self.write_config()
+        self.echo(f"run folder: {self.run_dir} (metrics.jsonl, trajectories.sqlite, logs/)")
         sampler = self.build_sampler()
         self.pool_specs = sampler.pools()
         kind, devices = self.devices()
