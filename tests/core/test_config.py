@@ -148,3 +148,35 @@ def test_dump_and_load_round_trip(tmp_path, registry):
     dumped = tmp_path / "dumped.yaml"
     dumped.write_text(yaml.safe_dump(config_to_dict(config)))
     assert load_config(dumped, registry=registry) == config
+
+
+@attrs.frozen
+class ToyLoggerConfig:
+    url: str = "file:/tmp/x"
+
+
+class ToyLoggerPlugin:
+    @staticmethod
+    @hookimpl
+    def agentrl_loggers():
+        from agentrl_core.types import LoggerSpec
+
+        return [LoggerSpec(name="toylog", factory="builtins:dict", config_schema=ToyLoggerConfig)]
+
+
+def test_logger_sections_are_validated_and_round_trip(tmp_path):
+    import yaml
+
+    from agentrl_core.config import config_to_dict
+
+    registry = register_plugin(ToyLoggerPlugin(), load_entry_points=False)
+    path = write(tmp_path, "logging:\n  loggers: [jsonl, toylog]\n  toylog: {url: 'http://h:5000'}\n")
+    config = load_config(path, registry=registry)
+    assert config.logging.options == {"toylog": ToyLoggerConfig(url="http://h:5000")}
+    dumped = tmp_path / "dumped.yaml"
+    dumped.write_text(yaml.safe_dump(config_to_dict(config)))
+    assert load_config(dumped, registry=registry) == config
+    with pytest.raises(ConfigError, match=r"unknown key 'logging.toylog.uri'"):
+        load_config(write(tmp_path, "logging:\n  toylog: {uri: x}\n"), registry=registry)
+    with pytest.raises(ConfigError, match=r"logging.jsonl.*takes no options"):
+        load_config(write(tmp_path, "logging:\n  jsonl: {a: 1}\n"), registry=registry)

@@ -274,12 +274,15 @@ class LaunchConfig:
 
 @frozen
 class LoggingConfig:
+    __extra_sections__ = "options"
+
     loggers: list[str] = field(factory=lambda: ["jsonl"])
     sample_rollouts: int = field(default=2, validator=in_range(0))
     progress: bool = True
     # <run dir>/trajectories.sqlite: every trained trajectory with its tokens (core/docs/observability.md)
     trajectory_store: bool = True
     trajectory_store_max_steps: int = field(default=100, validator=in_range(1))  # older steps are deleted
+    options: dict[str, Any] = field(factory=dict)  # logging.<logger>: that logger's section (logging.mlflow)
 
 
 @frozen
@@ -487,6 +490,9 @@ def validate_plugin_sections(config: Config, registry: Registry, marks: Mapping[
     spec_or_error(AgentLoopSpec, config.rollout.agent_loop, "rollout.agent_loop")
     for i, name in enumerate(config.logging.loggers):
         spec_or_error(LoggerSpec, name, f"logging.loggers[{i}]")
+    logger_options = {
+        name: validated(LoggerSpec, name, section, f"logging.{name}") for name, section in config.logging.options.items()
+    }
     spec_or_error(ChatTemplateSpec, config.gateway.chat_template, "gateway.chat_template")
     if config.gateway.tool_parser is not None:
         spec_or_error(ToolParserSpec, config.gateway.tool_parser, "gateway.tool_parser")
@@ -508,6 +514,7 @@ def validate_plugin_sections(config: Config, registry: Registry, marks: Mapping[
         sampler=attrs.evolve(config.sampler, options=sampler_options),
         advantage=attrs.evolve(config.advantage, options=adv_options),
         engine=attrs.evolve(config.engine, options=engine_options),
+        logging=attrs.evolve(config.logging, options=logger_options),
     )
 
 

@@ -502,7 +502,9 @@ class Trainer:
     # -- metrics, validation, checkpoints -------------------------------------------------------
 
     def _loggers(self) -> list[Any]:
-        return [self.registry.build(LoggerSpec, name, None, run_dir=self.run_dir) for name in self.config.logging.loggers]
+        options = self.config.logging.options
+        return [self.registry.build(LoggerSpec, name, options.get(name), run_dir=self.run_dir)
+                for name in self.config.logging.loggers]
 
     def _log(self, metrics: dict[str, Any], trajectories: list[Any]) -> None:
         if trajectories and self.config.logging.sample_rollouts:
