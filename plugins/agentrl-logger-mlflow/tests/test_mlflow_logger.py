@@ -60,7 +60,7 @@ def _step_metrics(step: int) -> dict:
 
 
 def _run_steps(run_dir: Path, logger: MlflowLogger, steps: range) -> None:
-    """What TrainingJob._log does: samples.jsonl first, then every logger."""
+    """What Trainer._log does: samples.jsonl first, then every logger."""
     with JsonlLogger(run_dir=run_dir) as jsonl:
         for step in steps:
             with open(run_dir / "samples.jsonl", "a", encoding="utf-8") as f:
@@ -145,8 +145,8 @@ def test_file_store_run_and_resume(tmp_path: Path):
     assert (tmp_path / "mlruns").is_dir()
 
 
-def test_config_section_reaches_the_logger_through_the_training_job(tmp_path: Path):
-    from agentrl_core.jobs.training import TrainingJob
+def test_config_section_reaches_the_logger_through_the_trainer(tmp_path: Path):
+    from agentrl_core.jobs.training import Trainer
 
     uri = (tmp_path / "mlruns").as_uri()
     config = config_from_dict({"run": {"name": "job", "output_dir": str(tmp_path / "run")},
@@ -157,7 +157,7 @@ def test_config_section_reaches_the_logger_through_the_training_job(tmp_path: Pa
                                                                    tags={"team": "rl"})
     assert config_from_dict(config_to_dict(config)).logging.options == config.logging.options
     job = SimpleNamespace(registry=Registry(), config=config, run_dir=tmp_path / "run")
-    jsonl, logger = TrainingJob._loggers(job)
+    jsonl, logger = Trainer._loggers(job)
     try:
         run = MlflowClient(tracking_uri=uri).get_run(logger.run_id)
         assert run.data.tags["team"] == "rl"
