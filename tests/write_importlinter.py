@@ -37,12 +37,13 @@ CORE_LAYERS = [
 # Public: agentrl_core, env, types, hookspecs, protocols, structure, datafiles, errors,
 # plugins, registry, config, testing (in tests), eval.metrics/runner, rollout.*; the kits
 # for engine drivers (rollout.drivers, http, processes) and for weight-sync transports
-# (train.weight_sync: buckets, drain, WeightSyncError). Everything else is core's own.
+# (train.weight_sync: buckets, drain, WeightSyncError), and for loggers (train.loggers:
+# flatten_metrics, so a tracker gets metrics.jsonl's keys). Everything else is core's own.
 _TRAIN = sorted(p.stem for p in (ROOT / "core/src/agentrl_core/train").glob("*.py") if p.stem != "__init__")
 PLUGIN_FORBIDDEN = [
     *[f"agentrl_core.controlplane.{m}" for m in ("state", "upkeep", "wire", "metrics", "openapi")],
     *[f"agentrl_core.{m}" for m in ("engine", "jobs", "launch", "testing", "tinymodel", "cli")],
-    *[f"agentrl_core.train.{m}" for m in _TRAIN if m != "weight_sync"],
+    *[f"agentrl_core.train.{m}" for m in _TRAIN if m not in ("weight_sync", "loggers")],
 ]
 
 

@@ -165,7 +165,9 @@ def agentrl_loggers() -> Iterable[LoggerSpec]:
     """Metric sinks (built-in: ``jsonl``, ``tensorboard``).
 
     The factory takes the config section and the run directory and returns a Logger with
-    ``log(step, metrics)`` and ``close()``::
+    ``log(step, metrics)`` and ``close()``. The config section is ``logging.<name>``
+    (validated by the spec's ``config_schema``); ``agentrl_core.train.loggers.flatten_metrics``
+    gives the keys ``metrics.jsonl`` uses::
 
         @hookimpl
         def agentrl_loggers():

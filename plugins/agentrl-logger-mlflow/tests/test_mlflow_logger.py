@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from agentrl_logger_mlflow.logger import RUN_FILE, MlflowLogger, MlflowLoggerConfig, flatten_params, mlflow_key
 from mlflow.tracking import MlflowClient
 
 from agentrl_core.config import config_from_dict, config_to_dict
@@ -15,7 +16,6 @@ from agentrl_core.errors import ConfigError
 from agentrl_core.registry import Registry
 from agentrl_core.train.loggers import JsonlLogger
 from agentrl_core.types import LoggerSpec
-from agentrl_logger_mlflow.logger import RUN_FILE, MlflowLogger, MlflowLoggerConfig, flatten_params, mlflow_key
 
 
 def test_mlflow_key_keeps_agentrl_keys_and_replaces_what_mlflow_refuses():
