@@ -137,6 +137,8 @@ class RolloutConfig:
     top_k: int = -1
     incomplete_punishment: float = -0.2
     agent_loop: str = "chat"
+    # the options of a plugin agent loop, validated by its schema (the built-in chat loop takes none)
+    agent_loop_options: dict[str, Any] = field(factory=dict)
     warmup_factor: float = field(default=1.7, validator=in_range(1.0))
     buffer_max_factor: float = field(default=2.0, validator=in_range(1.0))
     max_infra_retries: int = field(default=2, validator=in_range(0))
@@ -488,6 +490,7 @@ def validate_plugin_sections(config: Config, registry: Registry, marks: Mapping[
     spec_or_error(WeightSyncTransportSpec, config.weight_sync.transport, "weight_sync.transport")
     spec_or_error(ToolParserSpec, config.model.tool_parser, "model.tool_parser")
     spec_or_error(AgentLoopSpec, config.rollout.agent_loop, "rollout.agent_loop")
+    validated(AgentLoopSpec, config.rollout.agent_loop, config.rollout.agent_loop_options, "rollout.agent_loop_options")
     for i, name in enumerate(config.logging.loggers):
         spec_or_error(LoggerSpec, name, f"logging.loggers[{i}]")
     logger_options = {

@@ -229,7 +229,8 @@ class Trainer:
                 agent_loop = self._agent_program_loop(client)
             else:
                 agent_loop = self.registry.build(
-                    AgentLoopSpec, c.rollout.agent_loop, None, tokenizer=self.tokenizer, env_client=client,
+                    AgentLoopSpec, c.rollout.agent_loop, c.rollout.agent_loop_options or None,
+                    tokenizer=self.tokenizer, env_client=client,
                     pools=self.engine_pools, sampler=sampler,
                     tool_parser=self.registry.build(ToolParserSpec, c.model.tool_parser),
                     settings=settings, seed=c.run.seed, global_step=lambda: self.step,

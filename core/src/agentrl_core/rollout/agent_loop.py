@@ -259,16 +259,11 @@ class ChatAgentLoop:
         pool = self.pools.get(pool_name)
         if pool is None:
             raise InfraFailure(f"the sampler chose pool {pool_name!r}, which does not exist")
-        params = {
-            "temperature": self.settings.temperature,
-            "top_p": self.settings.top_p,
-            "top_k": self.settings.top_k,
-            "max_new_tokens": max_new,
-            "stop_token_ids": encoder.stop_token_ids,
-        }
+        params = self.sampling_params(context, encoder, max_new)
         t0 = time.monotonic()
         try:
-            result = await generate_turn(pool, request.uid, state.ids, params, stop_token_ids=encoder.stop_token_ids,
+            result = await generate_turn(pool, request.uid, state.ids, params,
+                                         stop_token_ids=params.get("stop_token_ids", ()),
                                          partial_rollouts=self.settings.partial_rollouts,
                                          max_abort_retries=self.settings.max_abort_retries)
         except InfraFailure as exc:
@@ -279,6 +274,21 @@ class ChatAgentLoop:
         state.interrupted_turns += result.interrupted
         state.mixed_version_tokens += len(result.ids) if result.mixed else 0
         return attrs.evolve(result, pool=pool_name)
+
+    def sampling_params(self, context: TurnContext, encoder: ChatEncoder, max_new: int) -> dict[str, Any]:
+        """The engine's sampling parameters for one turn; ``max_new`` already fits the context left.
+
+        A subclass may change them per turn (the throughput benchmark's ``longtail`` loop draws
+        each turn's length and sends ``ignore_eos`` with no stop tokens, so the model writes
+        exactly that many tokens).
+        """
+        return {
+            "temperature": self.settings.temperature,
+            "top_p": self.settings.top_p,
+            "top_k": self.settings.top_k,
+            "max_new_tokens": max_new,
+            "stop_token_ids": encoder.stop_token_ids,
+        }
 
     def _assistant_message(self, text: str, tools: Sequence[dict[str, Any]], state: _State) -> Message:
         calls, normal_text, error = self.tool_parser.parse(text, tools)
