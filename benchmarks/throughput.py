@@ -1,35 +1,44 @@
-"""Throughput: asynchronous against synchronous training, same model, same cores, same workload.
+"""Throughput: asynchronous against synchronous training across regimes, against the bound.
 
-    python benchmarks/throughput.py [--quick] [--steps N] [--rounds R] [--size tiny|small]
+    python benchmarks/throughput.py [--quick] [--points recorded,longtail:64,...] [--rounds R]
 
-Runs ``agentrl train`` twice (or ``--rounds`` times each, alternating) on this machine's cores:
+For every sweep point it runs ``agentrl train`` once per mode (``--rounds`` times, each round
+rotating the order of the modes) on this machine's cores:
 
-* ``async`` (the paper's design): engines and learner on disjoint cores
-  (``engine.rollout_ratio`` 0.5: one core generates, one trains), rollout never stops;
+* ``async_interrupt`` (the paper's design with interruptible generation): engines and learner
+  on disjoint cores (``engine.rollout_ratio`` 0.5: one core generates, one trains), rollout
+  never stops, a weight sync pauses in-flight turns and continues them under the new weights
+  (``rollout.partial_rollouts: true``);
+* ``async_abort``: the same, but a weight sync aborts in-flight turns and they are generated
+  again (``rollout.partial_rollouts: false``; the tokens thrown away are counted);
 * ``sync`` (the baseline): everything colocated on all cores; generate the whole batch,
   then train, then sync weights.
 
-The workload is the recorded one of the real environments: ``benchmarks/workloads/
-oracle_workload.json`` holds per-episode turn counts, per-step environment latencies and
-observation lengths from oracle runs of db (SQLite), kg (embedded), webshop (bundled),
-alfworld and os (Docker) (``benchmarks/workloads/record.py``). The ``replay`` environment
-(``benchmarks/workloads/agentrl_bench_replay``, registered as a real plugin through an entry
-point that this script makes visible to the run's processes) serves those episodes through
-the real task workers and controller, so both modes face the same turns and latencies
-whatever the (untrained) model writes. The model is a fresh tiny Qwen2 (``agentrl model
-init``); ``max_new_tokens`` is the median oracle action length in this tokenizer's tokens.
+The points: ``recorded`` is the recorded workload of the real environments
+(``benchmarks/workloads/oracle_workload.json``: per-episode turn counts, per-step environment
+latencies and observation lengths from oracle runs of db, kg, webshop, alfworld and os),
+served by the ``replay`` environment (``benchmarks/workloads/agentrl_bench_replay``, a real
+plugin made visible to the run's processes through a generated entry point) through the real
+task workers and controller, with ``max_new_tokens`` = the median oracle action in this
+tokenizer's tokens. ``longtail:<m>`` is the same episodes with the ``longtail`` agent loop:
+every turn's length is drawn from a log-normal distribution of median ``m`` tokens
+(``--tail-sigma`` 1: p99/p50 = 10.2; capped at ``--tail-cap`` medians) and the model writes
+exactly that many (``ignore_eos``, no stop tokens). Raising ``m`` moves the balance from
+training to generation; the default points sweep it up to the long-tail reasoning workload
+(median 256).
 
-Measured per mode over the steps after the first (``--skip``): trained tokens/s (all tokens
-of the trained trajectories / wall time between step ends), the engine busy fraction
-(forward time / wall time), the version-lag distribution of action tokens, and where each
-resource idles: the learner (waiting for rollout, training, weight sync) and the engines
-(forward, paused for weight sync, no request because every trajectory is in an environment
-call or the learner is training, requests present but no forward pass). Sync mode's long
-tail: the share of each generation phase during which at most a quarter of the batch's
-trajectories were still running. A monitor polls the engines and the controller every 0.25 s
-from outside the run; the CPU seconds of each run's process tree and the load average are
-recorded because the machine is shared. Writes ``benchmarks/results/throughput.json``
-(``throughput_quick.json`` with ``--quick``).
+Measured per run over the steps after the first (``--skip``): trained tokens/s, the learner's
+phases, the engine's time (forward, paused, idle and why; a monitor polls the engines and
+the controller every 0.25 s), the version-lag histogram, turns aborted, interrupted and
+tokens discarded, the CPU seconds of each role and the load average (the machine is shared).
+Per point (``benchmarks/workloads/regimes.py``): the ratio of each async mode over sync, the
+analytic bound from the same point's measured phases, ``bound = S / max(A_L, A_G)`` (S: sync's
+wall seconds per trained token, its generation phase including the wait for the slowest
+trajectory; A_L: async's learner busy seconds per token; A_G: async's engine forward seconds
+per token), and the generation share of a sync step. Writes
+``benchmarks/results/throughput_sweep.json`` and ``.png`` (ratio and bound against the
+generation share); ``throughput_sweep_quick.*`` with ``--quick`` (two small points, 3 steps:
+the plumbing, not the targets).
 """
 
 from __future__ import annotations
@@ -56,7 +65,9 @@ WORKLOADS = ROOT / "benchmarks" / "workloads"
 sys.path.insert(0, str(WORKLOADS))
 
 from monitor import RunMonitor, engine_breakdown, learner_phases  # noqa: E402
+from regimes import plot, summarize_point  # noqa: E402
 
+GROUP_ID = re.compile(r"^\d+-replay-(\w+)-e\d+-(\d+)$")  # agentrl_core.train.task_stream's group ids
 SETUP_LINE = re.compile(r"set-up done in [\d.]+ s \(controller (\S+), engines (\{.*\})\)")
 
 
@@ -92,25 +103,49 @@ def median_action_tokens(workload: dict[str, Any], tokenizer_dir: Path) -> int:
     return max(8, round(statistics.median(lengths) / ratio))
 
 
-def build_config(workload: dict[str, Any], args: argparse.Namespace, model: Path, max_new: int) -> dict[str, Any]:
+# the modes of every sweep point: name -> --set overrides of the run's config
+MODES = {
+    "async_interrupt": ["train.mode=async", "rollout.partial_rollouts=true"],
+    "async_abort": ["train.mode=async", "rollout.partial_rollouts=false"],
+    "sync": ["train.mode=sync"],
+}
+
+
+def parse_point(point: str) -> dict[str, Any]:
+    """``recorded`` (today's workload) or ``longtail:<median tokens>`` (heavy-tailed action lengths)."""
+    if point == "recorded":
+        return {"name": point}
+    kind, _, median = point.partition(":")
+    if kind != "longtail" or not median.isdigit() or int(median) < 1:
+        raise SystemExit(f"--points: {point!r} is neither 'recorded' nor 'longtail:<median tokens>'")
+    return {"name": point, "median": int(median)}
+
+
+def build_config(workload: dict[str, Any], args: argparse.Namespace, model: Path, max_new: int,
+                 point: dict[str, Any]) -> dict[str, Any]:
     splits = sorted(workload["environments"])
     max_turns = max(ep["turns"] for env in workload["environments"].values() for ep in env["episodes"])
     batch_trajectories = args.batch_groups * args.n_samples
+    rollout: dict[str, Any] = {
+        "n_samples": args.n_samples, "batch_size": args.batch_groups,
+        "concurrency": batch_trajectories,  # the paper: concurrency = one batch of trajectories
+        "max_turns": max_turns, "max_total_len": args.max_total_len, "max_new_tokens": max_new,
+        "temperature": 1.0, "warmup_factor": 1.7,
+    }
+    if "median" in point:  # every turn exactly as long as drawn (agentrl_bench_replay.longtail)
+        cap = args.tail_cap * point["median"]
+        rollout.update(max_new_tokens=cap, agent_loop="longtail",
+                       agent_loop_options={"median": point["median"], "sigma": args.tail_sigma, "max_tokens": cap})
     return {
         "run": {"name": "throughput", "seed": 0},
         "model": {"path": str(model), "tool_parser": "qwen25"},
         "tasks": [{"env": "replay", "split": s} for s in splits],
         "environments": {"replay": {"workload": str(args.workload), "latency_scale": args.latency_scale}},
-        "rollout": {
-            "n_samples": args.n_samples, "batch_size": args.batch_groups,
-            "concurrency": batch_trajectories,  # the paper: concurrency = one batch of trajectories
-            "max_turns": max_turns, "max_total_len": args.max_total_len, "max_new_tokens": max_new,
-            "temperature": 1.0, "warmup_factor": 1.7,
-        },
+        "rollout": rollout,
         "engine": {"driver": "hf", "rollout_ratio": 0.5},
         "sampler": "current",
         "train": {"total_steps": args.steps, "device": "cpu", "checkpoint_every": 0,
-                  "max_tokens_per_micro_batch": 8192},
+                  "max_tokens_per_micro_batch": args.max_total_len},
         "logging": {"loggers": ["jsonl"], "sample_rollouts": 0},
     }
 
@@ -118,7 +153,7 @@ def build_config(workload: dict[str, Any], args: argparse.Namespace, model: Path
 def run_mode(mode: str, config_path: Path, run_dir: Path, env: dict[str, str], log_path: Path) -> dict[str, Any]:
     """One ``agentrl train`` with a monitor attached; returns the metrics and the samples."""
     cmd = [sys.executable, "-m", "agentrl_core.cli.main", "train", str(config_path),
-           "--set", f"train.mode={mode}", "--set", f"run.output_dir={run_dir}"]
+           *[x for o in MODES[mode] for x in ("--set", o)], "--set", f"run.output_dir={run_dir}"]
     load_before = os.getloadavg()
     t0 = time.time()
     with open(log_path, "w") as log:
@@ -147,15 +182,21 @@ def run_mode(mode: str, config_path: Path, run_dir: Path, env: dict[str, str], l
             "load_before": load_before, "load_after": os.getloadavg()}
 
 
-def _hist(steps: list[dict[str, Any]]) -> dict[str, float]:
+def _lag_tokens(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Action tokens per version lag (learner version - sampling version), summed over the steps."""
     total: dict[int, float] = {}
     for m in steps:
         for k, v in m.items():
             if k.startswith("version_lag/tokens/"):
                 lag = int(k.rsplit("/", 1)[1])
                 total[lag] = total.get(lag, 0.0) + v
+    return {str(k): v for k, v in sorted(total.items())}
+
+
+def _hist(steps: list[dict[str, Any]]) -> dict[str, float]:
+    total = _lag_tokens(steps)
     n = sum(total.values())
-    return {str(k): round(v / n, 4) for k, v in sorted(total.items())} if n else {}
+    return {k: round(v / n, 4) for k, v in total.items()} if n else {}
 
 
 def _sync_tail(samples: list[dict[str, Any]], phases: list[tuple[float, float, str]], batch: int,
@@ -235,6 +276,10 @@ def analyse(result: dict[str, Any], skip: int, batch: int) -> dict[str, Any]:
         "tokens_per_trajectory": round(sum(m.get("tokens", 0.0) for m in measured)
                                        / max(sum(m.get("trajectories", 0.0) for m in measured), 1), 1),
         "aborted_turns": sum(m.get("rollout/aborted_turns", 0.0) for m in measured),
+        "discarded_tokens": sum(m.get("rollout/discarded_tokens", 0.0) for m in measured),
+        "interrupted_turns": sum(m.get("rollout/interrupted_turns", 0.0) for m in measured),
+        "mixed_version_tokens": sum(m.get("rollout/mixed_version_tokens", 0.0) for m in measured),
+        "version_lag_tokens": _lag_tokens(measured),
         "engine_time_summary": {k: _summarize_engine(e) for k, e in engines.items()},
         "cpu_seconds": round(cpu, 1),
         "cpu_seconds_by_role": dict(sorted(cpu_roles.items(), key=lambda kv: -kv[1])),
@@ -254,79 +299,76 @@ def analyse(result: dict[str, Any], skip: int, batch: int) -> dict[str, Any]:
     return out
 
 
-def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per mode: the round results and the ratio of the summed tokens over the summed wall time."""
-    by_mode: dict[str, list[dict[str, Any]]] = {}
-    for r in rounds:
-        by_mode.setdefault(r["mode"], []).append(r["analysis"])
-    summary = {}
-    for mode, results in by_mode.items():
-        tokens = sum(a["trained_tokens"] for a in results)
-        wall = sum(a["wall_s"] for a in results)
-        summary[mode] = {"trained_tokens_per_s": round(tokens / wall, 2) if wall else 0.0,
-                         "per_round_tokens_per_s": [a["trained_tokens_per_s"] for a in results]}
-    if "async" in summary and "sync" in summary and summary["sync"]["trained_tokens_per_s"]:
-        summary["ratio_async_over_sync"] = round(
-            summary["async"]["trained_tokens_per_s"] / summary["sync"]["trained_tokens_per_s"], 3)
-        summary["ratio_decomposition"] = decompose(by_mode["async"], by_mode["sync"])
-    return summary
+def drawn_lengths(run_dir: Path, workload: dict[str, Any], point: dict[str, Any], args: argparse.Namespace,
+                  max_turns: int) -> list[int]:
+    """The lengths the longtail loop drew for the turns of the trained groups (before context clipping)."""
+    from agentrl_bench_replay.longtail import LongTailConfig, draw_length
+
+    config = LongTailConfig(median=point["median"], sigma=args.tail_sigma, max_tokens=args.tail_cap * point["median"])
+    lengths = []
+    path = run_dir / "trained_groups.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        for gid in json.loads(line)["groups"]:
+            found = GROUP_ID.match(gid)
+            if not found:
+                continue
+            turns = workload["environments"][found.group(1)]["episodes"][int(found.group(2))]["turns"]
+            lengths += [draw_length(config, 0, gid, s, t) for s in range(args.n_samples)
+                        for t in range(min(turns, max_turns))]
+    return lengths
 
 
-def decompose(async_runs: list[dict[str, Any]], sync_runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ratio as a sum: each stage of a sync step, per trained token, over async's wall time per token.
-
-    ``ratio = sync_generation + sync_training + sync_other`` (each term: sync seconds per token of
-    that stage / async seconds per token). The ratio reaches 2 only if the sync baseline spends
-    at least twice async's time per token, e.g. a generation phase that idles on the long tail.
-    """
-    def per_token(runs: list[dict[str, Any]], key: str | None) -> float:
-        tokens = sum(a["trained_tokens"] for a in runs)
-        seconds = sum(a["wall_s"] if key is None else a["learner_seconds"][key] for a in runs)
-        return seconds / tokens if tokens else 0.0
-
-    async_s = per_token(async_runs, None)
-    gen, train, total = per_token(sync_runs, "wait_rollout"), per_token(sync_runs, "train"), per_token(sync_runs, None)
-    async_wait = sum(a["learner_seconds"]["wait_rollout"] for a in async_runs) / max(sum(a["wall_s"] for a in async_runs), 1e-9)
-
-    def tokens_per_train_s(runs: list[dict[str, Any]]) -> float:
-        return sum(a["trained_tokens"] for a in runs) / max(sum(a["learner_seconds"]["train"] for a in runs), 1e-9)
-
-    return {
-        "sync_generation": round(gen / async_s, 3) if async_s else None,
-        "sync_training": round(train / async_s, 3) if async_s else None,
-        "sync_other": round((total - gen - train) / async_s, 3) if async_s else None,
-        "async_bottleneck": "learner" if async_wait < 0.05 else "rollout",
-        "async_learner_wait_fraction": round(async_wait, 4),
-        "learner_tokens_per_train_s_sync_all_cores": round(tokens_per_train_s(sync_runs), 1),
-        "learner_tokens_per_train_s_async_learner_cores": round(tokens_per_train_s(async_runs), 1),
-    }
+def length_stats(lengths: list[int]) -> dict[str, float]:
+    if not lengths:
+        return {}
+    ordered = sorted(lengths)
+    p50, p99 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return {"turns": len(ordered), "p50": p50, "p90": ordered[int(0.9 * len(ordered))], "p99": p99,
+            "max": ordered[-1], "mean": round(statistics.fmean(ordered), 1), "p99_over_p50": round(p99 / p50, 2)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer, smaller steps (a smoke run)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default 10; quick 4)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run of the sweep's plumbing (a few minutes)")
+    parser.add_argument("--points", default=None,
+                        help="sweep points: recorded and/or longtail:<median tokens> "
+                             "(default recorded,longtail:64,longtail:128,longtail:256; quick recorded,longtail:16)")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default 6; quick 3)")
     parser.add_argument("--skip", type=int, default=1, help="leading steps left out of the measurement")
-    parser.add_argument("--rounds", type=int, default=1, help="runs per mode, alternating async and sync")
-    parser.add_argument("--modes", default="async,sync")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per mode and point; each round rotates the modes")
     parser.add_argument("--size", choices=["tiny", "small"], default="tiny")
-    parser.add_argument("--n-samples", type=int, default=4)
-    parser.add_argument("--batch-groups", type=int, default=None, help="groups per step (default 6; quick 3)")
+    parser.add_argument("--model", type=Path, default=None, help="an existing model folder (default: agentrl model init "
+                                                                  "--size SIZE into the work dir)")
+    parser.add_argument("--n-samples", type=int, default=None, help="samples per group (default 4; quick 2)")
+    parser.add_argument("--batch-groups", type=int, default=None, help="groups per step (default 6; quick 2)")
     parser.add_argument("--max-total-len", type=int, default=8192)
+    parser.add_argument("--tail-sigma", type=float, default=1.0, help="sigma of log(action length): p99/p50 = e^(2.33 sigma)")
+    parser.add_argument("--tail-cap", type=int, default=16, help="longest action, in medians")
     parser.add_argument("--latency-scale", type=float, default=1.0, help="multiply recorded latencies (1: as recorded)")
     parser.add_argument("--workload", type=Path, default=WORKLOADS / "oracle_workload.json")
     parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "throughput")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="the JSON (the plot: same name, .png)")
     parser.add_argument("--reanalyse", action="store_true",
                         help="no runs: analyse the runs saved in --work-dir again (same other flags)")
     args = parser.parse_args()
-    args.steps = args.steps or (4 if args.quick else 10)
-    args.batch_groups = args.batch_groups or (3 if args.quick else 6)
+    args.points = args.points or ("recorded,longtail:16" if args.quick else
+                                  "recorded,longtail:64,longtail:128,longtail:256")
+    args.steps = args.steps or (3 if args.quick else 6)
+    args.n_samples = args.n_samples or (2 if args.quick else 4)
+    args.batch_groups = args.batch_groups or (2 if args.quick else 6)
     args.workload = args.workload.resolve()
-    out = args.out or ROOT / "benchmarks" / "results" / ("throughput_quick.json" if args.quick else "throughput.json")
+    out = args.out or ROOT / "benchmarks" / "results" / ("throughput_sweep_quick.json" if args.quick
+                                                         else "throughput_sweep.json")
+    points = [parse_point(p.strip()) for p in args.points.split(",") if p.strip()]
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        raise SystemExit(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
     if not args.workload.is_file():
         raise SystemExit(f"{args.workload} is missing; record it with python benchmarks/workloads/record.py")
     workload = json.loads(args.workload.read_text())
+    max_turns = max(ep["turns"] for env in workload["environments"].values() for ep in env["episodes"])
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": make_replay_visible(work / "replay_plugin"), "PYTHONUNBUFFERED": "1",
@@ -334,37 +376,55 @@ def main() -> int:
            # 5 misses) then declare the only node dead in the middle of a run
            "RAY_health_check_period_ms": "10000", "RAY_health_check_timeout_ms": "60000",
            "RAY_health_check_failure_threshold": "30"}
-    model = work / f"model-{args.size}"
-    if not (model / "config.json").exists():
+    model = args.model.resolve() if args.model else work / f"model-{args.size}"
+    if not args.model and not (model / "config.json").exists():
         agentrl("model", "init", "--out", str(model), "--size", args.size, env=env)
     max_new = median_action_tokens(workload, model)
-    config = build_config(workload, args, model, max_new)
-    config_path = work / "config.yaml"
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     batch = args.batch_groups * args.n_samples
-    rounds = []
-    for r in range(args.rounds):
-        for mode in (modes if r % 2 == 0 else modes[::-1]):
-            run_dir = work / f"{mode}-{r}"
-            if args.reanalyse:  # the runs' saved metrics and monitor samples, analysed again
-                result = {**json.loads((work / f"{mode}-{r}.run.json").read_text()),
-                          "samples": json.loads((work / f"{mode}-{r}.samples.json").read_text()),
-                          "steps": [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]}
-            else:
-                for stale in ("metrics.jsonl", "trained_groups.jsonl"):
-                    (run_dir / stale).unlink(missing_ok=True)
-                result = run_mode(mode, config_path, run_dir, env, work / f"{mode}-{r}.log")
-                (work / f"{mode}-{r}.samples.json").write_text(json.dumps(result["samples"]))
-                (work / f"{mode}-{r}.run.json").write_text(json.dumps(
-                    {k: result[k] for k in ("mode", "wall_s", "load_before", "load_after")}))
-            rounds.append({"mode": mode, "round": r, "analysis": analyse(result, args.skip, batch)})
-    summary = combine(rounds)
+    report_points: dict[str, Any] = {}
+    for point in points:
+        point_dir = work / point["name"].replace(":", "-")
+        point_dir.mkdir(parents=True, exist_ok=True)
+        config = build_config(workload, args, model, max_new, point)
+        config_path = point_dir / "config.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        rounds = []
+        for r in range(args.rounds):
+            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:  # each round rotates the order
+                run_dir = point_dir / f"{mode}-{r}"
+                if args.reanalyse:  # the runs' saved metrics and monitor samples, analysed again
+                    result = {**json.loads((point_dir / f"{mode}-{r}.run.json").read_text()),
+                              "samples": json.loads((point_dir / f"{mode}-{r}.samples.json").read_text()),
+                              "steps": [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+                                        if x]}
+                else:
+                    for stale in ("metrics.jsonl", "trained_groups.jsonl"):
+                        (run_dir / stale).unlink(missing_ok=True)
+                    print(f"== {point['name']} {mode} round {r}", flush=True)
+                    result = run_mode(mode, config_path, run_dir, env, point_dir / f"{mode}-{r}.log")
+                    (point_dir / f"{mode}-{r}.samples.json").write_text(json.dumps(result["samples"]))
+                    (point_dir / f"{mode}-{r}.run.json").write_text(json.dumps(
+                        {k: result[k] for k in ("mode", "wall_s", "load_before", "load_after")}))
+                rounds.append({"mode": mode, "round": r, "analysis": analyse(result, args.skip, batch)})
+        by_mode: dict[str, list[dict[str, Any]]] = {}
+        for r in rounds:
+            by_mode.setdefault(r["mode"], []).append(r["analysis"])
+        summary = summarize_point(by_mode)
+        if "median" in point:
+            summary["action_lengths_drawn"] = length_stats(
+                [n for r in rounds for n in drawn_lengths(point_dir / f"{r['mode']}-{r['round']}", workload, point,
+                                                          args, max_turns)])
+        summary["load1_during"] = {f"{r['mode']}#{r['round']}": r["analysis"]["load1_during"] for r in rounds}
+        report_points[point["name"]] = {**summary, "config": config, "rounds": rounds}
     report = {
-        "benchmark": "throughput",
-        "summary": summary,
-        "targets": {"ratio_async_over_sync": 2.0, "async_engine_busy_fraction": 0.90},
-        "rounds": rounds,
+        "benchmark": "throughput_sweep",
+        "formula": "bound = S / max(A_L, A_G); S = sync wall s per trained token = generation (its long tail "
+                   "included) + training + other; A_L = async learner busy s per token; A_G = async engine forward "
+                   "s per token (benchmarks/workloads/regimes.py)",
+        "targets": {"ratio_on_longtail": 2.0, "ratio_over_bound": 0.9, "engine_busy_where_generation_dominates": 0.9,
+                    "discarded_tokens_with_interruption": 0},
+        "checks_targets": not args.quick,  # --quick checks the plumbing, not the targets
+        "points": report_points,
         "workload": {
             "source": str(args.workload.relative_to(ROOT)) if args.workload.is_relative_to(ROOT) else str(args.workload),
             "recorded": workload.get("machine"), "record_parameters": workload.get("parameters"),
@@ -377,18 +437,21 @@ def main() -> int:
                 for name, e in workload["environments"].items()},
         },
         "parameters": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                       "max_new_tokens": max_new, "config": config},
+                       "recorded_max_new_tokens": max_new},
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
                     "date": datetime.now(timezone.utc).isoformat(timespec="seconds")},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps(summary, indent=1))
-    for r in rounds:
-        a = r["analysis"]
-        print(f"{r['mode']}#{r['round']}: {a['trained_tokens_per_s']} tok/s, learner {a['learner_fractions']}, "
-              f"engine busy {a['engine_busy_fraction']}, load {a['load1_during']}, cpu share {a['cpu_share_of_2_cores']}")
-    print(f"wrote {out}")
+    plot(report_points, out.with_suffix(".png"),
+         f"async/sync and its bound, {args.size} model, {batch} trajectories/step, {os.cpu_count()} cores")
+    for name, p in report_points.items():
+        print(f"{name}: generation share {p.get('generation_share')}")
+        for mode, m in p["modes"].items():
+            print(f"  {mode}: {m['trained_tokens_per_s']} tok/s, ratio {m.get('ratio', '-')}, bound {m.get('bound', '-')}, "
+                  f"engine busy {m['engine_busy_fraction']}, learner idle {m['learner_idle_fraction']}, "
+                  f"discarded {m['discarded_tokens']}, lag {m['version_lag_histogram']}")
+    print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 

@@ -379,3 +379,22 @@ def test_sampling_settings_reach_the_engine(tokenizer, parser):
                          pools={"current": pool}, sampler=CurrentSampler(), tool_parser=parser, settings=settings)
     anyio.run(loop.run, REQUEST)
     assert (pool.params["temperature"], pool.params["top_p"], pool.params["top_k"]) == (0.7, 0.9, 20)
+
+
+def test_a_subclass_sets_each_turns_sampling_and_the_stop_tokens_it_sends_are_the_ones_used(tokenizer, parser):
+    class FixedLengths(ChatAgentLoop):
+        def sampling_params(self, context, encoder, max_new):
+            return {**super().sampling_params(context, encoder, max_new),
+                    "max_new_tokens": 3 + context.turn, "ignore_eos": True, "stop_token_ids": []}
+
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    call = encode_reply(tokenizer, canonical_call("add", {"a": 2, "b": 3}), end=False)
+    # turn 0 is cut by a weight sync after [im_end]: with no stop tokens it is not a stop, so it continues
+    pool = ScriptedPool([([im_end], "abort", 0), (call[:2], "length", 1),
+                         (encode_reply(tokenizer, canonical_call("answer", {"value": 5})), "stop", 1)])
+    loop = FixedLengths(tokenizer=tokenizer, env_client=LocalEnvClient({"sum-test": (SumEnv(), "test")}),
+                        pools={"current": pool}, sampler=CurrentSampler(), tool_parser=parser, settings=LoopSettings())
+    traj = anyio.run(loop.run, REQUEST)
+    assert [p["max_new_tokens"] for p in pool.params] == [3, 2, 4]  # turn 0: 3, then the 2 left; turn 1: 4
+    assert all(p["ignore_eos"] and p["stop_token_ids"] == [] for p in pool.params)
+    assert [t.num_tokens for t in traj.turns[:1]] == [3]
