@@ -37,8 +37,8 @@ wall seconds per trained token, its generation phase including the wait for the 
 trajectory; A_L: async's learner busy seconds per token; A_G: async's engine forward seconds
 per token), and the generation share of a sync step. Writes
 ``benchmarks/results/throughput_sweep.json`` and ``.png`` (ratio and bound against the
-generation share); ``throughput_sweep_quick.*`` with ``--quick`` (two small points, 3 steps:
-the plumbing, not the targets).
+generation share); ``throughput_sweep_quick.*`` with ``--quick`` (the db episodes only, two small points, 3 steps
+of 2 groups x 2 samples: the plumbing, not the targets).
 """
 
 from __future__ import annotations
@@ -345,6 +345,8 @@ def main() -> int:
     parser.add_argument("--max-total-len", type=int, default=8192)
     parser.add_argument("--tail-sigma", type=float, default=1.0, help="sigma of log(action length): p99/p50 = e^(2.33 sigma)")
     parser.add_argument("--tail-cap", type=int, default=16, help="longest action, in medians")
+    parser.add_argument("--envs", default=None,
+                        help="recorded environments to replay (default all five; quick db: short episodes)")
     parser.add_argument("--latency-scale", type=float, default=1.0, help="multiply recorded latencies (1: as recorded)")
     parser.add_argument("--workload", type=Path, default=WORKLOADS / "oracle_workload.json")
     parser.add_argument("--work-dir", type=Path, default=ROOT / "runs" / "throughput")
@@ -368,6 +370,12 @@ def main() -> int:
     if not args.workload.is_file():
         raise SystemExit(f"{args.workload} is missing; record it with python benchmarks/workloads/record.py")
     workload = json.loads(args.workload.read_text())
+    args.envs = args.envs or ("db" if args.quick else ",".join(sorted(workload["environments"])))
+    envs = [e.strip() for e in args.envs.split(",") if e.strip()]
+    missing = sorted(set(envs) - set(workload["environments"]))
+    if missing:
+        raise SystemExit(f"--envs: {missing} not in the workload (it has {', '.join(sorted(workload['environments']))})")
+    workload = {**workload, "environments": {e: workload["environments"][e] for e in envs}}
     max_turns = max(ep["turns"] for env in workload["environments"].values() for ep in env["episodes"])
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
