@@ -68,7 +68,7 @@ from monitor import RunMonitor, engine_breakdown, learner_phases  # noqa: E402
 from regimes import plot, summarize_point  # noqa: E402
 
 GROUP_ID = re.compile(r"^\d+-replay-(\w+)-e\d+-(\d+)$")  # agentrl_core.train.task_stream's group ids
-SETUP_LINE = re.compile(r"set-up done in [\d.]+ s \(controller (\S+), engines (\{.*\})\)")
+SETUP_LINE = re.compile(r"set-up done in [\d.]+ s \(controller (\S+), engines (\{[^}]*\})")
 
 
 def make_replay_visible(dist_root: Path) -> str:
@@ -244,6 +244,9 @@ def analyse(result: dict[str, Any], skip: int, batch: int) -> dict[str, Any]:
                             ("weight_sync", "sync_s"))}
     samples = [s for s in result["samples"] if t_from <= s["t"] <= t_to]
     engine_keys = sorted({k for s in samples for k in s if k.startswith("engine/")})
+    if not engine_keys:
+        raise SystemExit(f"{result['mode']}: the monitor never polled an engine (did the run's 'set-up done' line, "
+                         f"which names the engines, change? SETUP_LINE is {SETUP_LINE.pattern!r})")
     engines = {k: engine_breakdown(result["samples"], k, t_from, t_to, phases) for k in engine_keys}
     gen_tokens = {k: (samples[-1][k]["generated"] - samples[0][k]["generated"]) if samples else 0 for k in engine_keys}
     cpu_samples = [x["cpu_by_role"] for x in samples if "cpu_by_role" in x]
