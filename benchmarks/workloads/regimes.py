@@ -129,7 +129,7 @@ def plot(points: dict[str, dict[str, Any]], path: Any, title: str) -> None:
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(bottom=0.0)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
