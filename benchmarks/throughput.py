@@ -49,6 +49,7 @@ import json
 import os
 import platform
 import re
+import secrets
 import statistics
 import subprocess
 import sys
@@ -158,7 +159,7 @@ def run_mode(mode: str, config_path: Path, run_dir: Path, env: dict[str, str], l
     t0 = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        monitor = RunMonitor(proc.pid).start()
+        monitor = RunMonitor(proc.pid, token=env.get("AGENTRL_TOKEN")).start()
 
         def pump() -> None:
             assert proc.stdout is not None
@@ -386,7 +387,9 @@ def main() -> int:
            # a shared, overloaded machine delays the raylet's health checks; Ray's defaults (3 s period,
            # 5 misses) then declare the only node dead in the middle of a run
            "RAY_health_check_period_ms": "10000", "RAY_health_check_timeout_ms": "60000",
-           "RAY_health_check_failure_threshold": "30"}
+           "RAY_health_check_failure_threshold": "30",
+           # the run's token (every engine and controller route asks for it), known here so the monitor can poll
+           "AGENTRL_TOKEN": os.environ.get("AGENTRL_TOKEN") or secrets.token_hex(16)}
     model = args.model.resolve() if args.model else work / f"model-{args.size}"
     if not args.model and not (model / "config.json").exists():
         agentrl("model", "init", "--out", str(model), "--size", args.size, env=env)

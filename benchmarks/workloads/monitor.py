@@ -86,8 +86,9 @@ def tree_cpu_seconds(root_pid: int) -> float:
 class RunMonitor:
     """Background sampler of one run (see module docstring). ``start()`` / ``stop()``."""
 
-    def __init__(self, root_pid: int, *, interval: float = 0.25) -> None:
+    def __init__(self, root_pid: int, *, interval: float = 0.25, token: str | None = None) -> None:
         self.root_pid = root_pid
+        self.token = token  # the run's AGENTRL_TOKEN: its engines and controller answer 401 without it
         self.interval = interval
         self.engines: dict[str, list[str]] = {}
         self.controller: str | None = None
@@ -111,7 +112,8 @@ class RunMonitor:
         self._thread.join(timeout=10)
 
     def _loop(self) -> None:
-        with httpx.Client(timeout=2.0, trust_env=False) as http:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        with httpx.Client(timeout=2.0, trust_env=False, headers=headers) as http:
             while not self._stop.is_set():
                 t0 = time.time()
                 sample: dict[str, Any] = {"t": t0, "load1": os.getloadavg()[0]}
@@ -120,7 +122,9 @@ class RunMonitor:
                 for pool, urls in list(self.engines.items()):
                     for i, url in enumerate(urls):
                         try:
-                            info = http.get(f"{url}/get_server_info").json()
+                            reply = http.get(f"{url}/get_server_info")
+                            reply.raise_for_status()  # a 401 (no run token) is no sample, not zeros
+                            info = reply.json()
                         except (httpx.HTTPError, ValueError):
                             continue
                         sample[f"engine/{pool}/{i}"] = {
