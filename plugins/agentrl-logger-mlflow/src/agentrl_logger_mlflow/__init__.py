@@ -1,3 +1,5 @@
 """agentrl-logger-mlflow: send a run's metrics, config and sample trajectories to MLflow."""
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+__version__ = metadata.version("agentrl-logger-mlflow")  # the root VERSION file, at build time
