@@ -86,3 +86,50 @@ async def test_a_weight_sync_that_hangs_stops_the_run():
     with anyio.fail_after(30):  # the guard of this test: before, the call waited forever
         with pytest.raises(WeightSyncTimeout, match="the weight sync of step 3 to current did not finish within 0.5 s"):
             await trainer._sync(["current"])
+
+
+async def test_the_trainer_suspends_the_watchdog_while_it_syncs_and_retries(sglang_engine):
+    """Through Trainer._sync: a sync that fails and its retry each keep the SGLang engine paused
+    longer than /health takes to answer 503 there (1 s here); the watchdog, probing every 50 ms,
+    restarts nothing. Without the trainer's suspension it would restart the healthy engine."""
+    from agentrl_core.jobs.training import Trainer
+    from agentrl_core.train.weight_sync import WeightSyncError
+
+    driver, url = sglang_engine
+    restarted = []
+
+    async def restart(pool, engine):
+        restarted.append(engine)
+        return engine
+
+    class Learners:
+        """TEST DOUBLE of the learner group: a sync pauses the pool as a transport does and takes
+        2.5 s (gathering and sending); the first one fails and leaves the pool paused."""
+
+        def __init__(self, pool):
+            self.pool, self.calls = pool, 0
+
+        async def sync(self, pools, version):
+            self.calls += 1
+            await self.pool.pause_generation()
+            await anyio.sleep(2.5)
+            if self.calls == 1:
+                raise WeightSyncError("weight version 3, bucket 0: an engine refused it")
+            await self.pool.continue_generation()
+            return {"weight_sync/current/seconds": 2.5}
+
+    config = config_from_dict({"model": {"path": "/m"}, "tasks": [{"env": "calc"}]}, validate_plugins=False)
+    async with EnginePool("current", [url], health_timeout=10) as pool:
+        trainer = Trainer(config)
+        learners = Learners(pool)
+        trainer.pools = type("Pools", (), {"learner": learners})()
+        trainer.step, trainer.learner_lock = 3, anyio.Lock()
+        trainer.watchdog = EngineWatchdog({"current": pool}, restart=restart, interval=0.05, unhealthy_checks=1,
+                                          max_restarts=5)
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(trainer.watchdog.run)
+                assert await trainer._sync(["current"]) == {"weight_sync/current/seconds": 2.5}
+                tg.cancel_scope.cancel()
+    assert learners.calls == 2 and restarted == []
+    assert trainer.watchdog.skipped >= 40  # it did run: ~50 rounds fell inside the two syncs

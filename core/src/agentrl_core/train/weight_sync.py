@@ -68,6 +68,9 @@ __all__ = [
     "pools_due",
     "push_weights",
     "drain",
+    "release",
+    "Lockstep",
+    "SyncStopped",
     "write_hf_checkpoint",
     "transfer_dtype",
 ]
@@ -113,6 +116,93 @@ def drain(named_tensors: NamedTensors) -> None:
         pass
 
 
+def release(named_tensors: NamedTensors) -> None:
+    """After a failed send: stop every rank at once when the tensors are a :class:`Lockstep`
+    stream, else drain them (the other ranks gather the same tensors and need a partner)."""
+    if isinstance(named_tensors, Lockstep):
+        named_tensors.settle(failed=True)
+    else:
+        drain(named_tensors)
+
+
+class SyncStopped(WeightSyncError):
+    """Another learner rank stopped the sync (its own error says why)."""
+
+
+class Lockstep:
+    """The full tensors of one pool's sync on one learner rank, in step with the other ranks.
+
+    Before each tensor (each gather: FSDP's ``full_tensor`` is a collective) every rank adds
+    a flag to an all-reduce (max) over the learner's process group: 0 goes on, 1 stops. A
+    rank whose part failed calls :meth:`settle` with ``failed=True``: mid-stream it raises
+    the flag at the next agreement, and every rank stops there (the others raise
+    :class:`SyncStopped`); after the last tensor, one more agreement carries the outcome.
+    So every rank leaves a failed sync after the same collective, and the next sync starts
+    with the same call on all of them (before, rank 0 left while the others went on gathering
+    for the next pool without a partner until the group timed out).
+
+    Every rank must call :meth:`settle` once per stream, failed or not (:func:`push_weights`
+    does).
+    """
+
+    def __init__(self, named_tensors: NamedTensors, group: Any = None, what: str = "the weight sync") -> None:
+        import torch.distributed as dist
+
+        self._it = iter(named_tensors)
+        self._group = group
+        self._what = what
+        device = torch.device("cpu")
+        if dist.get_backend(group) == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        self._flag = torch.zeros(1, dtype=torch.int32, device=device)
+        self.state = "open"  # then "done" (every tensor), "stopped" (a rank raised the flag), "broken", "settled"
+        self.agreements = 0
+
+    def __iter__(self) -> Lockstep:
+        return self
+
+    def _agree(self, stop: bool) -> bool:
+        """True when some rank asked to stop."""
+        import torch.distributed as dist
+
+        self._flag.fill_(int(stop))
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group)
+        self.agreements += 1
+        return bool(self._flag.item())
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        if self.state != "open":
+            raise StopIteration
+        if self._agree(False):
+            self.state = "stopped"
+            raise SyncStopped(f"{self._what} was stopped by another learner rank (rank 0's error says why)")
+        try:
+            return next(self._it)
+        except StopIteration:
+            self.state = "done"
+            raise
+        except BaseException:
+            self.state = "broken"  # the gather itself failed: the group cannot be trusted with one more collective
+            raise
+
+    def settle(self, failed: bool) -> None:
+        """This rank is done with the stream; raises :class:`SyncStopped` if another rank failed."""
+        if self.state == "open" and not failed:  # a transport that did not read to the end
+            try:
+                drain(self)
+            except SyncStopped:
+                self.state = "settled"
+                raise
+        state, self.state = self.state, "settled"
+        if state == "open":  # failed mid-stream: the others stop at their next agreement
+            self._agree(True)
+            return
+        if state != "done":  # stopped: every rank saw the flag at the same agreement; broken; settled
+            return
+        if self._agree(failed) and not failed:
+            raise SyncStopped(f"{self._what} failed on another learner rank (rank 0's error says why)")
+
+
 def push_weights(
     named_tensors: Callable[[], NamedTensors],
     transports: Mapping[str, Any],
@@ -120,22 +210,40 @@ def push_weights(
     version: int,
     *,
     rank: int = 0,
+    group: Any = None,
 ) -> dict[str, float]:
     """Sync ``pools`` one after the other; call on every learner rank.
 
     ``named_tensors`` makes a fresh iterator of full tensors (e.g.
     ``learner.named_full_tensors``); ``transports`` maps pool names to connected
     transports (used on rank 0 only). Returns ``weight_sync/<pool>/seconds`` etc.
+
+    With ``torch.distributed`` initialized and more than one rank in ``group`` (default: the
+    learner's default group), the ranks gather in :class:`Lockstep`: when the sync of a pool
+    fails, every rank raises (rank 0 its transport's error, the others :class:`SyncStopped`)
+    after the same collective and the pools after it are not synced, so a retry starts clean.
     """
+    import torch.distributed as dist
+
+    lockstep = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
     metrics: dict[str, float] = {}
     for pool in pools:
         name = pool.name if isinstance(pool, PoolSpec) else pool
         start = time.perf_counter()
-        if rank == 0:
-            stats = transports[name].send(named_tensors(), version)
-            metrics.update({f"weight_sync/{name}/{k}": float(v) for k, v in stats.items()})
-        else:
-            drain(named_tensors())
+        tensors: Any = iter(named_tensors())
+        if lockstep:
+            tensors = Lockstep(tensors, group, f"the weight sync of version {version} to pool {name!r}")
+        failed = True
+        try:
+            if rank == 0:
+                stats = transports[name].send(tensors, version)
+                metrics.update({f"weight_sync/{name}/{k}": float(v) for k, v in stats.items()})
+            else:
+                drain(tensors)
+            failed = False
+        finally:
+            if lockstep:
+                tensors.settle(failed)
         metrics[f"weight_sync/{name}/seconds"] = time.perf_counter() - start
     return metrics
 
@@ -217,27 +325,33 @@ class _Engines:
         self.clients = self.portal.call(make)
 
     async def _all(self, method: str, kwargs_per_engine: Sequence[dict[str, Any]], seconds: float,
+                   errors: list[str] | None = None, failed: threading.Event | None = None,
                    gone_ok: bool = False) -> list[Any]:
         import anyio
 
         from agentrl_core.rollout.engine_client import EngineUnavailable
 
         results: list[Any] = [None] * len(self.clients)
-        errors: list[str] = []
+        errors = [] if errors is None else errors
+
+        def error(message: str) -> None:
+            errors.append(message)
+            if failed is not None:
+                failed.set()
 
         async def one(i: int) -> None:
             try:
                 with anyio.fail_after(seconds):
                     results[i] = await getattr(self.clients[i], method)(**kwargs_per_engine[i])
             except TimeoutError:
-                errors.append(f"{self.urls[i]}: no answer within {seconds:.3g} s")
+                error(f"{self.urls[i]}: no answer within {seconds:.3g} s")
             except EngineUnavailable as exc:
                 if not gone_ok:
-                    errors.append(f"{self.urls[i]}: {exc}")
+                    error(f"{self.urls[i]}: {exc}")
                 else:  # a process that is gone took its side of whatever was asked of it along
                     log.info("%s on %s: the engine is gone (%s)", method, self.urls[i], exc)
             except Exception as exc:
-                errors.append(f"{self.urls[i]}: {exc}")
+                error(f"{self.urls[i]}: {exc}")
 
         async with anyio.create_task_group() as tg:
             for i in range(len(self.clients)):
@@ -247,13 +361,17 @@ class _Engines:
         return results
 
     def start(self, method: str, deadline: _Deadline, per_engine: Sequence[dict[str, Any]] | None = None,
+              errors: list[str] | None = None, failed: threading.Event | None = None,
               gone_ok: bool = False, **kwargs: Any) -> concurrent.futures.Future:
         """Call ``method`` on every engine concurrently within ``deadline``; a future of the answers.
+
+        The future completes once every engine answered; ``failed`` is set (and ``errors``
+        grows) as soon as one engine fails, while others may still be waiting.
 
         ``gone_ok``: an engine no connection can be made to is skipped (answer ``None``), not an error.
         """
         per_engine = per_engine or [kwargs] * len(self.clients)
-        return self.portal.start_task_soon(self._all, method, per_engine, deadline.left(), gone_ok)
+        return self.portal.start_task_soon(self._all, method, per_engine, deadline.left(), errors, failed, gone_ok)
 
     def call(self, method: str, deadline: _Deadline, gone_ok: bool = False, **kwargs: Any) -> list[Any]:
         return wait(self.start(method, deadline, gone_ok=gone_ok, **kwargs), deadline)
@@ -281,6 +399,12 @@ class _Engines:
             self.portal.call(self._http.aclose)
         finally:
             self._stack.close()
+
+
+def _until_done(future: concurrent.futures.Future, failed: threading.Event, deadline: _Deadline) -> None:
+    """Until every engine answered, or one failed (the others may wait for it forever)."""
+    while not future.done() and not failed.is_set():
+        concurrent.futures.wait([future], timeout=min(0.01, deadline.left()))
 
 
 def wait(future: concurrent.futures.Future, deadline: _Deadline) -> Any:
@@ -322,10 +446,14 @@ class CollectiveTransport:
         self.ranks_per_engine = int(s.get("ranks_per_engine", 1))
         self.timeout_s = float(s.get("timeout_s", 600.0))
         self.group_name = s.get("group_name") or f"agentrl_weights_{uuid.uuid4().hex[:8]}"
+        self._group_base = self.group_name
         self.partial_rollouts = bool(s.get("partial_rollouts", False))
         self.pause_mode = "abort"
         self.group: Any = None
         self.engines: _Engines | None = None
+        self._joined: tuple[str | None, list[str]] | None = None  # what connect was given
+        self.abandoned = 0  # groups given up after a failed bucket (formed again at the next send)
+        self._forms = 0
 
     def connect(self, learner_rank0: str | None, engines: Sequence[str]) -> None:
         """Form the group: ``learner_rank0`` is the address engines reach this process at."""
@@ -333,6 +461,7 @@ class CollectiveTransport:
 
         if self.group is not None:
             raise WeightSyncError("this transport is already connected; close() it first")
+        self._joined = (learner_rank0, list(engines))
         address = learner_rank0 or "127.0.0.1"
         port = free_port(address)
         deadline = _Deadline(self.timeout_s, f"forming the weight-update group with {len(engines)} engines",
@@ -384,41 +513,55 @@ class CollectiveTransport:
     def send(self, named_tensors: NamedTensors, version: int) -> dict[str, float]:
         """Pause the pool, broadcast every bucket, continue with ``version``.
 
-        The iterator is always consumed to the end, also on failure, because the other
-        learner ranks are gathering the same tensors.
+        The iterator is always consumed to the end, because the other learner ranks are
+        gathering the same tensors; on failure a :class:`Lockstep` stream is stopped on every
+        rank instead (:func:`release`).
         """
+        if self.group is None and self._joined is not None and self.abandoned:
+            self._form_again()
         if self.group is None or self.engines is None:
             raise WeightSyncError("connect() the collective transport before send()")
         tensors = iter(named_tensors)
         try:
-            return self._send(tensors, version)
-        finally:
-            drain(tensors)
+            stats = self._send(tensors, version)
+        except BaseException:
+            release(tensors)
+            raise
+        drain(tensors)
+        return stats
 
     def _send(self, tensors: Iterator[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
-        import torch.distributed as dist
-
         assert self.engines is not None
         start = time.perf_counter()
         deadline = _Deadline(self.timeout_s, f"the weight sync of version {version} to {len(self.engines.urls)} engines")
         paused = self.engines.pause(self.pause_mode, deadline)
         n_tensors = n_buckets = n_bytes = 0
         for bucket in iter_buckets(self._prepared(tensors), self.bucket_bytes):
+            refusals: list[str] = []
+            refused = threading.Event()
             receiving = self.engines.start(
-                "update_weights_from_distributed", deadline,
+                "update_weights_from_distributed", deadline, errors=refusals, failed=refused,
                 names=[n for n, _ in bucket], dtypes=[_dtype_name(t.dtype) for _, t in bucket],
                 shapes=[list(t.shape) for _, t in bucket], group_name=self.group_name,
                 weight_version=version, flush_cache=True,
             )
-            for _, tensor in bucket:
-                if receiving.done() and receiving.exception() is not None:
-                    break  # an engine refused the bucket: do not wait on a broadcast it will never join
-                dist.broadcast(tensor, src=0, group=self.group)
-                n_bytes += tensor.numel() * tensor.element_size()
             try:
-                wait(receiving, deadline)
-            except WeightSyncError as exc:
-                raise WeightSyncError(f"weight version {version}, bucket {n_buckets}: {exc}") from None
+                for _, tensor in bucket:
+                    if not self._broadcast(tensor, refused, deadline):
+                        break  # an engine refused the bucket: it will never join this broadcast
+                    n_bytes += tensor.numel() * tensor.element_size()
+                else:
+                    _until_done(receiving, refused, deadline)
+            except WeightSyncError as exc:  # the deadline passed, or a broadcast failed (an engine left)
+                refusals.append(f"rank 0: {exc}")
+            if refused.is_set() or refusals:
+                # An engine that refused never joined the broadcast: the others wait in it for
+                # tensors that cannot come, and (gloo) bytes meant for it may sit in its sockets.
+                self._abandon_group(receiving, refusals)
+                raise WeightSyncError(f"weight version {version}, bucket {n_buckets}: {'; '.join(refusals[:6])}. The "
+                                      "weight-update group was left on every side, which releases the engines "
+                                      "waiting in the broadcast; the next sync forms a new one") from None
+            receiving.result()
             n_tensors += len(bucket)
             n_buckets += 1
         self.engines.call("continue_generation", deadline)
@@ -426,6 +569,59 @@ class CollectiveTransport:
         log.info("synced %d tensors (%.1f MiB) in %d buckets to %d engines in %.2f s (version %d)",
                  n_tensors, n_bytes / 2**20, n_buckets, len(self.engines.urls), seconds, version)
         return {"tensors": n_tensors, "buckets": n_buckets, "bytes": n_bytes, "seconds": seconds, **paused}
+
+    def _broadcast(self, tensor: torch.Tensor, refused: threading.Event, deadline: _Deadline) -> bool:
+        """Broadcast one tensor; False as soon as an engine refused the bucket (the broadcast
+        may then never finish), WeightSyncError past the deadline or when the broadcast failed."""
+        import torch.distributed as dist
+
+        work = dist.broadcast(tensor, src=0, group=self.group, async_op=True)
+        pause = 0.0002
+        while not work.is_completed():
+            if refused.is_set():
+                return False
+            deadline.left()
+            refused.wait(pause)
+            pause = min(2 * pause, 0.01)
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            raise WeightSyncError(f"the broadcast failed: {exc}") from None
+        return True
+
+    def _abandon_group(self, receiving: concurrent.futures.Future, refusals: list[str]) -> None:
+        """A bucket that not every engine takes part in cannot finish: leave the group on every
+        side. An engine that refused (it is idle) leaves at once, and with it the connections
+        the engines waiting in the broadcast wait on (gloo), and rank 0 leaves its side; those
+        engines' updates then fail and they answer. Over NCCL, an engine already inside the
+        broadcast is released by its collective timeout instead. ``send`` forms a new group."""
+        from agentrl_core.engine.weight_group import destroy_weight_update_group
+
+        assert self.engines is not None
+        grace = _Deadline(min(30.0, self.timeout_s), "releasing the engines of an abandoned weight-update group",
+                          "they stay in the broadcast until their collective timeout")
+        leaving = self.engines.start("destroy_weights_update_group", grace, group_name=self.group_name)
+        group, self.group = self.group, None
+        destroy_weight_update_group(group)
+        del group  # the last reference: gloo closes its connections
+        self.abandoned += 1
+        for what, future in (("the bucket", receiving), ("leaving the group", leaving)):
+            try:
+                wait(future, grace)
+            except WeightSyncError as exc:
+                log.info("after an abandoned bucket, %s: %s", what, exc)
+        log.warning("weight-update group %s abandoned after a failed bucket: %s", self.group_name, "; ".join(refusals))
+
+    def _form_again(self) -> None:
+        """After an abandoned group: the same engines join a new one (under a new name: an engine
+        still inside the old broadcast has not left it yet)."""
+        assert self._joined is not None
+        if self.engines is not None:
+            self.engines.close()
+            self.engines = None
+        self._forms += 1
+        self.group_name = f"{self._group_base}_{self._forms}"
+        self.connect(*self._joined)
 
     def _prepared(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         want_cuda = self.backend == "nccl"
@@ -556,8 +752,9 @@ class DiskTransport:
         tensors = iter(named_tensors)
         try:
             path = write_hf_checkpoint(tensors, self.root / f"weights_v{version}", self.model_dir, self.dtype)
-        finally:
-            drain(tensors)
+        except BaseException:
+            release(tensors)
+            raise
         written = time.perf_counter()
         paused = self.engines.pause(self.pause_mode, deadline)
         self.engines.call("update_weights_from_disk", deadline, model_path=str(path), weight_version=version)
