@@ -77,3 +77,30 @@ async def test_token_logprobs_are_merged_from_every_rank():
     group = LearnerGroup([Rank({0: [-1.0], 2: [-0.5, -0.25]}), Rank({1: [-2.0]})])
     assert await group.take_token_logprobs() == {0: [-1.0], 1: [-2.0], 2: [-0.5, -0.25]}
     assert "take_token_logprobs" in vars(LearnerService)
+
+
+@pytest.mark.anyio
+async def test_a_failed_call_returns_after_every_rank_left_it_with_rank_0s_error():
+    """A retry must not reach a rank still inside the failed call (it would pair its collectives
+    with the wrong ones): the group answers once every rank is out, with rank 0's error."""
+    finished: list[int] = []
+
+    class Rank:
+        def __init__(self, rank: int) -> None:
+            self.rank = rank
+
+            class Sync:
+                @staticmethod
+                async def remote(pools, version):
+                    if rank == 0:
+                        raise RuntimeError("engine refused bucket 3")  # rank 0 fails first
+                    await anyio.sleep(0.2)
+                    finished.append(rank)
+                    raise RuntimeError("stopped by another learner rank")
+
+            self.sync = Sync
+
+    group = LearnerGroup([Rank(0), Rank(1), Rank(2)])
+    with pytest.raises(RuntimeError, match="engine refused bucket 3"):
+        await group.sync(["current"], 1)
+    assert sorted(finished) == [1, 2]

@@ -1,7 +1,7 @@
-"""Weight sync: every parameter arrives bit-exact in two real engine servers.
+"""Weight sync: every parameter arrives bit-exact in three real engine servers.
 
 The engines are the rollout issue's HF engine server (``agentrl_core.engine.server``)
-in two subprocesses. The harness at the bottom of this file runs one and adds a single
+in three subprocesses. The harness at the bottom of this file runs one and adds a single
 test-only route, ``/test/dump_weights``, that writes the engine model's parameters to a
 safetensors file, so the test can compare them with the learner's bit for bit.
 """
@@ -98,9 +98,10 @@ def _wait_listening(proc: subprocess.Popen, port_file: Path, deadline: float) ->
 
 
 @pytest.fixture(scope="module")
-def two_engines(tiny_model_dir, tmp_path_factory):
+def engines(tiny_model_dir, tmp_path_factory):
+    """Three engines: in a gloo broadcast to ranks 0-3, some receive through others."""
     workdir = tmp_path_factory.mktemp("engines")
-    started = [_start_engine(tiny_model_dir, workdir, f"engine{i}") for i in range(2)]
+    started = [_start_engine(tiny_model_dir, workdir, f"engine{i}") for i in range(3)]
     try:
         deadline = time.monotonic() + 180
         yield [_wait_listening(proc, pf, deadline) for proc, pf in started]
@@ -134,7 +135,7 @@ def _info(url: str) -> dict:
 
 
 @pytest.mark.processes
-def test_collective_sync_is_bit_exact_in_two_engines(two_engines, tiny_model_dir, tmp_path):
+def test_collective_sync_is_bit_exact_in_engines(engines, tiny_model_dir, tmp_path):
     from safetensors.torch import load_file
 
     weights = _perturbed(tiny_model_dir, seed=1)
@@ -150,13 +151,13 @@ def test_collective_sync_is_bit_exact_in_two_engines(two_engines, tiny_model_dir
     assert not any(torch.equal(original[n], dict(weights)[n]) for n in crossers)
 
     transport = CollectiveTransport(None, backend="gloo", bucket_mb=BUCKET_MB)
-    transport.connect("127.0.0.1", two_engines)
+    transport.connect("127.0.0.1", engines)
     try:
         stats = transport.send(iter(weights), version=7)
     finally:
         transport.close()
     assert stats["tensors"] == len(weights) and stats["buckets"] == len(buckets)
-    for i, url in enumerate(two_engines):
+    for i, url in enumerate(engines):
         info = _info(url)
         assert info["weight_version"] == 7 and not info.get("paused", False)
         got = _dump(url, tmp_path / f"engine{i}.safetensors")
@@ -166,7 +167,7 @@ def test_collective_sync_is_bit_exact_in_two_engines(two_engines, tiny_model_dir
 
 
 @pytest.mark.processes
-def test_collective_sync_from_an_fsdp_learner(two_engines, tiny_model_dir, tmp_path):
+def test_collective_sync_from_an_fsdp_learner(engines, tiny_model_dir, tmp_path):
     """The learner process has its own (FSDP) default process group beside the weight group,
     and its parameters are DTensor shards gathered one by one."""
     import torch.distributed as dist
@@ -183,7 +184,7 @@ def test_collective_sync_from_an_fsdp_learner(two_engines, tiny_model_dir, tmp_p
                 p.add_(0.01)
         expected = {n: t.clone() for n, t in learner.named_full_tensors()}
         transport = CollectiveTransport(None, backend="gloo", bucket_mb=BUCKET_MB)
-        transport.connect("127.0.0.1", two_engines)
+        transport.connect("127.0.0.1", engines)
         try:
             transport.send(learner.named_full_tensors(), version=21)
         finally:
@@ -191,7 +192,7 @@ def test_collective_sync_from_an_fsdp_learner(two_engines, tiny_model_dir, tmp_p
     finally:
         if created:
             dist.destroy_process_group()
-    for i, url in enumerate(two_engines):
+    for i, url in enumerate(engines):
         got = _dump(url, tmp_path / f"fsdp{i}.safetensors")
         assert set(got) == set(expected)
         for name, tensor in expected.items():
@@ -199,11 +200,11 @@ def test_collective_sync_from_an_fsdp_learner(two_engines, tiny_model_dir, tmp_p
 
 
 @pytest.mark.processes
-def test_failed_sync_leaves_the_pool_paused_until_a_full_sync(two_engines, tiny_model_dir):
+def test_failed_sync_leaves_the_pool_paused_until_a_full_sync(engines, tiny_model_dir):
     weights = _perturbed(tiny_model_dir, seed=4)
     bogus = weights[:3] + [("model.not_a_parameter", torch.zeros(2))] + weights[3:]
     transport = CollectiveTransport(None, backend="gloo", bucket_mb=BUCKET_MB)
-    transport.connect("127.0.0.1", two_engines)
+    transport.connect("127.0.0.1", engines)
     consumed = []
 
     def tracked(named):
@@ -215,25 +216,56 @@ def test_failed_sync_leaves_the_pool_paused_until_a_full_sync(two_engines, tiny_
         with pytest.raises(WeightSyncError, match="not parameters of the model"):
             transport.send(tracked(bogus), version=11)
         assert consumed == [n for n, _ in bogus]  # drained: other learner ranks would be gathering
-        assert all(_info(url)["paused"] for url in two_engines)  # no token is sampled from mixed weights
+        assert all(_info(url)["paused"] for url in engines)  # no token is sampled from mixed weights
         transport.send(iter(weights), version=12)  # a complete sync un-pauses the pool
     finally:
         transport.close()
-    assert all(not _info(url)["paused"] and _info(url)["weight_version"] == 12 for url in two_engines)
+    assert all(not _info(url)["paused"] and _info(url)["weight_version"] == 12 for url in engines)
 
 
 @pytest.mark.processes
-def test_disk_sync_reloads_every_engine(two_engines, tiny_model_dir, tmp_path):
+def test_an_engine_refusing_a_bucket_does_not_leave_the_others_in_the_broadcast(engines, tiny_model_dir, tmp_path):
+    """One engine refuses a bucket before its broadcast while the others accepted it and wait in
+    it: the sync fails within seconds (not at the 120 s deadline), every engine answers again,
+    the pool stays paused, and the next sync (in a new group) updates every engine."""
+    import httpx
+
+    weights = _perturbed(tiny_model_dir, seed=5)
+    transport = CollectiveTransport(None, backend="gloo", bucket_mb=BUCKET_MB, timeout_s=120)
+    transport.connect("127.0.0.1", engines)
+    refuser = engines[-1]  # group rank 3: in gloo's broadcast tree an other engine receives through it
+    try:
+        httpx.post(f"{refuser}/test/refuse_next_update", timeout=30).raise_for_status()
+        start = time.monotonic()
+        with pytest.raises(WeightSyncError, match=r"bucket 0: .*needs generation paused first") as failed:
+            transport.send(iter(weights), version=13)
+        assert time.monotonic() - start < 30
+        assert refuser in str(failed.value) and "the next sync forms a new one" in str(failed.value)
+        assert transport.abandoned == 1 and transport.group is None
+        assert all(_info(url)["paused"] for url in engines)  # answering, and no token from mixed weights
+        stats = transport.send(iter(weights), version=14)
+    finally:
+        transport.close()
+    assert stats["tensors"] == len(weights)
+    for i, url in enumerate(engines):
+        assert _info(url)["weight_version"] == 14 and not _info(url)["paused"]
+        got = _dump(url, tmp_path / f"refused{i}.safetensors")
+        for name, tensor in weights:
+            assert torch.equal(got[name], tensor), f"engine {i}: {name} differs"
+
+
+@pytest.mark.processes
+def test_disk_sync_reloads_every_engine(engines, tiny_model_dir, tmp_path):
     weights = _perturbed(tiny_model_dir, seed=3)
     transport = DiskTransport(None, disk_path=str(tmp_path / "shared"), model_dir=str(tiny_model_dir), keep=1)
-    transport.connect(None, two_engines)
+    transport.connect(None, engines)
     try:
         transport.send(iter(weights), version=8)
         transport.send(iter(weights), version=9)
     finally:
         transport.close()
     assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == ["weights_v9"]  # keep=1
-    for i, url in enumerate(two_engines):
+    for i, url in enumerate(engines):
         assert _info(url)["weight_version"] == 9
         got = _dump(url, tmp_path / f"disk{i}.safetensors")
         for name, tensor in weights:
@@ -250,6 +282,7 @@ def _serve(model_dir: str, port_file: str) -> None:
 
     from safetensors.torch import save_file
 
+    from agentrl_core.engine.scheduler import EngineConflict
     from agentrl_core.engine.server import EngineServer
 
     torch.set_num_threads(1)
@@ -266,6 +299,23 @@ def _serve(model_dir: str, port_file: str) -> None:
         return {"success": True}
 
     server.app.route("POST", "/test/dump_weights", dump_weights)
+    scheduler = server.scheduler
+    require_paused = scheduler.require_paused
+    refusing = {"next": False}
+
+    def refuse_once(what: str) -> None:
+        if refusing["next"]:
+            refusing["next"] = False
+            raise EngineConflict(f"{what} needs generation paused first (a refusal the test asked for)")
+        require_paused(what)
+
+    async def refuse_next_update(request):
+        """The next weight update is refused before its broadcast, as by an engine that is not paused."""
+        refusing["next"] = True
+        return {"success": True}
+
+    scheduler.require_paused = refuse_once
+    server.app.route("POST", "/test/refuse_next_update", refuse_next_update)
 
     async def main() -> None:
         stop = asyncio.Event()

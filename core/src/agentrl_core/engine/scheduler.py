@@ -271,12 +271,8 @@ class Scheduler:
                     commands, self._commands = self._commands, []
                     self.waiting.extend(self._incoming)
                     self._incoming = []
-                for fn, future in commands:
-                    if future.set_running_or_notify_cancel():
-                        try:
-                            future.set_result(fn())
-                        except BaseException as exc:  # the caller gets the error
-                            future.set_exception(exc)
+                self._run_commands(commands)
+                commands = []  # a finished command keeps nothing alive (a weight update holds its group)
                 if not self.paused and (self.waiting or self.running):
                     try:
                         self._step()
@@ -288,6 +284,15 @@ class Scheduler:
             log.exception("the engine scheduler stopped")
         finally:
             self._fail_everything()
+
+    @staticmethod
+    def _run_commands(commands: list[tuple[Callable[[], Any], concurrent.futures.Future]]) -> None:
+        for fn, future in commands:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # the caller gets the error
+                    future.set_exception(exc)
 
     def _reset(self, message: str, status_code: int) -> None:
         """After a failed step: fail every running request and forget every slot (nothing is trusted)."""

@@ -30,6 +30,7 @@ handlers only validate, queue and await, so the event loop never runs a forward 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import time
@@ -381,6 +382,11 @@ class EngineServer:
         if group is None:
             return _weight_response(False, "The group to be destroyed does not exist.")
         await asyncio.to_thread(_destroy_group, group)
+        # gloo closes the group's connections only when the group object is freed, and only
+        # that releases the peers waiting for this engine in a broadcast it refused to join
+        # (an update that failed keeps the group in reference cycles of its traceback)
+        del group
+        await asyncio.to_thread(gc.collect)
         return _weight_response(True, "Succeeded to destroy custom process group.")
 
     async def update_weights_from_distributed(self, request: Request) -> Response:

@@ -118,7 +118,14 @@ class LearnerGroup:
         self.ranks = list(ranks)
 
     async def _each(self, call: Callable[[Any], Any]) -> list[Any]:
-        return list(await asyncio.gather(*[call(r) for r in self.ranks]))
+        """Every rank's answer, once every rank answered; when one failed, the lowest rank's error
+        (rank 0's says why; the others' that they stopped with it), so that a retry starts only
+        after every rank left the failed call."""
+        answers = await asyncio.gather(*[call(r) for r in self.ranks], return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        return list(answers)
 
     async def connect(self, pools: Mapping[str, list[str]], address: str | None = None,
                       ranks_per_engine: Mapping[str, int] | None = None) -> None:

@@ -40,6 +40,7 @@ then each pool every ``sync_every`` steps).
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import logging
 import os
 import shutil
@@ -603,7 +604,8 @@ class CollectiveTransport:
         leaving = self.engines.start("destroy_weights_update_group", grace, group_name=self.group_name)
         group, self.group = self.group, None
         destroy_weight_update_group(group)
-        del group  # the last reference: gloo closes its connections
+        del group
+        gc.collect()  # gloo closes the group's connections when the object is freed, not when destroyed
         self.abandoned += 1
         for what, future in (("the bucket", receiving), ("leaving the group", leaving)):
             try:
