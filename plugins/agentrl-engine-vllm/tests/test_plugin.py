@@ -91,3 +91,49 @@ def test_the_engine_refuses_a_public_address_without_a_token_before_starting_vll
     monkeypatch.delenv("AGENTRL_TOKEN", raising=False)
     with pytest.raises(ConfigError, match="refusing to serve the vLLM engine on 0.0.0.0 without a token"):
         main(["--model", str(tmp_path), "--host", "0.0.0.0"])
+
+
+def test_the_nccl_transport_takes_weight_sync_dtype_and_ranks_per_engine():
+    """What the learner builds it with reaches the wire: fp32 master weights go as bf16, and a
+    tensor-parallel engine gets a rank for each of its workers (vLLM adds the worker's rank)."""
+    import torch
+    from agentrl_engine_vllm.nccl_transport import VLLMNCCLTransport, join_payloads, prepared, update_info
+
+    from agentrl_core.config import WeightSyncConfig
+    from agentrl_core.train.weight_sync import WeightSyncError, iter_buckets
+
+    # the keywords LearnerService.connect builds every transport with
+    built = VLLMNCCLTransport(None, weight_sync=WeightSyncConfig(), model_dir="/m", dtype=torch.bfloat16,
+                              ranks_per_engine=2, partial_rollouts=False)
+    try:
+        assert built.dtype == torch.bfloat16 and built.ranks_per_engine == 2
+    finally:
+        built.close()
+    section = VLLMNCCLTransport(None, weight_sync=WeightSyncConfig(dtype="float16"))
+    try:
+        assert section.dtype == torch.float16 and section.ranks_per_engine == 1  # weight_sync.dtype alone
+    finally:
+        section.close()
+
+    assert join_payloads("10.0.0.1", 29500, engines=3, ranks_per_engine=2) == [
+        {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 7},
+        {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 3, "world_size": 7},
+        {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 5, "world_size": 7},
+    ]
+    assert [p["rank_offset"] for p in join_payloads("h", 1, engines=2)] == [1, 2]
+    with pytest.raises(WeightSyncError, match="ranks_per_engine"):
+        join_payloads("h", 1, engines=2, ranks_per_engine=0)
+
+    # 1 + 2**-9 is exact in fp32 and rounds to 1.0 in bf16 (8 bits of mantissa): the cast happened
+    weights = [("embed", torch.full((4, 8), 1 + 2**-9)), ("norm", torch.ones(8).t()), ("head", torch.zeros(8, 4).t())]
+    wire = list(prepared(weights, torch.bfloat16, device="cpu"))
+    assert [t.dtype for _, t in wire] == [torch.bfloat16] * 3 and all(t.is_contiguous() for _, t in wire)
+    assert torch.equal(wire[0][1], torch.ones(4, 8, dtype=torch.bfloat16))
+    # 96 bytes hold embed (64 B) and norm (16 B) in bf16; in fp32 (128 B, 32 B) they would not
+    buckets = list(iter_buckets(wire, bucket_bytes=96))
+    assert [update_info(b) for b in buckets] == [
+        {"names": ["embed", "norm"], "dtype_names": ["bfloat16", "bfloat16"], "shapes": [[4, 8], [8]]},
+        {"names": ["head"], "dtype_names": ["bfloat16"], "shapes": [[4, 8]]},
+    ]
+    as_they_are = list(prepared(weights, None, device="cpu"))
+    assert as_they_are[0][1].dtype == torch.float32 and as_they_are[0][1][0, 0].item() == 1 + 2**-9

@@ -6,14 +6,16 @@ group, so core's ``collective`` transport cannot reach them. This transport is r
 side of vLLM's protocol, driven through the engines' fronts (which pass vLLM's routes
 through) and framed like core's transports:
 
-1. connect: every engine ``POST /init_weight_transfer_engine`` (engine ``i`` is rank ``1 + i``
-   of ``1 + N``, unpacked broadcasts) while this process opens rank 0 with vLLM's
+1. connect: every engine ``POST /init_weight_transfer_engine`` (engine ``i`` takes ranks from
+   ``1 + i * ranks_per_engine`` of ``1 + N * ranks_per_engine``: vLLM adds each worker's
+   parallel rank; unpacked broadcasts) while this process opens rank 0 with vLLM's
    ``trainer_init``;
 2. send: ``/pause_generation {mode}`` on every engine (``retract`` with
    ``partial_rollouts=True``: in-flight requests keep their tokens and continue; else ``abort``), ``/start_weight_update``, then per
    bucket (core's :func:`~agentrl_core.train.weight_sync.iter_buckets`) ``/update_weights
    {names, dtype_names, shapes}`` on every engine *while* rank 0 broadcasts the bucket's
-   tensors in order, ``/finish_weight_update {weight_version}``, an optional bit-exact check
+   tensors in order, cast to ``weight_sync.dtype`` (bf16 for a bf16 model: fp32 master
+   weights would double the bytes), ``/finish_weight_update {weight_version}``, an optional bit-exact check
    (``verify: true``: sha256 of every tensor sent against the engine's ``/weight_digests``),
    and ``/continue_generation``.
 
@@ -33,22 +35,57 @@ from typing import Any
 
 from agentrl_core.http.ports import free_port
 from agentrl_core.rollout.engine_client import pause_mode_for
-from agentrl_core.train.weight_sync import WeightSyncError, drain, iter_buckets
+from agentrl_core.train.weight_sync import WeightSyncError, drain, iter_buckets, release
 
 log = logging.getLogger(__name__)
 
 
+def join_payloads(address: str, port: int, engines: int, ranks_per_engine: int = 1) -> list[dict[str, Any]]:
+    """What each engine's ``/init_weight_transfer_engine`` carries (before vLLM's wrapping):
+    engine ``i`` takes ranks ``1 + i * ranks_per_engine`` on (vLLM adds each worker's
+    tensor/pipeline-parallel rank to ``rank_offset``), of ``1 + engines * ranks_per_engine``."""
+    if ranks_per_engine < 1:
+        raise WeightSyncError(f"ranks_per_engine must be >= 1, got {ranks_per_engine}")
+    world_size = 1 + engines * ranks_per_engine
+    return [dict(master_address=address, master_port=port, rank_offset=1 + i * ranks_per_engine,
+                 world_size=world_size) for i in range(engines)]
+
+
+def prepared(tensors: Iterable[tuple[str, Any]], dtype: Any = None, device: Any = "cuda") -> Iterator[tuple[str, Any]]:
+    """The tensors as they go on the wire: in ``dtype`` (``weight_sync.dtype``; None: as they
+    are), on ``device``, contiguous."""
+    for name, tensor in tensors:
+        tensor = tensor.detach()
+        if dtype is not None:
+            tensor = tensor.to(dtype)
+        yield name, tensor.to(device).contiguous()
+
+
+def update_info(bucket: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """vLLM's ``/update_weights`` description of one bucket (unpacked: one broadcast per tensor)."""
+    return {"names": [n for n, _ in bucket], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+            "shapes": [list(t.shape) for _, t in bucket]}
+
+
 class VLLMNCCLTransport:
     """Args (keywords; a WeightSyncConfig positionally or as ``weight_sync=``): ``bucket_mb``,
-    ``timeout_s``, ``verify`` (default False: hashing every tensor on both sides costs seconds
-    per GB), ``partial_rollouts`` (``rollout.partial_rollouts``: pause with ``retract``)."""
+    ``timeout_s``, ``dtype`` (``weight_sync.dtype``: a torch dtype or a name, ``auto`` the
+    model's compute dtype; the learner passes the resolved one), ``ranks_per_engine`` (the
+    group ranks one engine takes: its tensor x pipeline parallel size), ``verify`` (default
+    False: hashing every tensor on both sides costs seconds per GB), ``partial_rollouts``
+    (``rollout.partial_rollouts``: pause with ``retract``)."""
 
     name = "vllm_nccl"
 
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
+        from agentrl_core.train.weight_sync import transfer_dtype
+
         section = kwargs.pop("weight_sync", None) or config
         self.bucket_bytes = int(float(kwargs.get("bucket_mb") or getattr(section, "bucket_mb", 512.0)) * 2**20)
         self.timeout_s = float(kwargs.get("timeout_s") or getattr(section, "timeout_s", 600.0))
+        dtype = kwargs.get("dtype") or getattr(section, "dtype", None)
+        self.dtype = transfer_dtype(dtype, model_dtype=kwargs.get("model_dtype") or "bfloat16", device_kind="cuda")
+        self.ranks_per_engine = int(kwargs.get("ranks_per_engine") or 1)
         self.verify = bool(kwargs.get("verify", False))
         self.partial_rollouts = bool(kwargs.get("partial_rollouts", False))
         self.pause_mode = "abort"
@@ -103,12 +140,11 @@ class VLLMNCCLTransport:
         self.http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=10.0), trust_env=False)
         address = learner_rank0 or "127.0.0.1"
         port = free_port(address)
-        world_size = 1 + len(self.urls)
+        payloads = join_payloads(address, port, len(self.urls), self.ranks_per_engine)
         joins = self._all("/init_weight_transfer_engine", [
-            {"init_info": worker_init_payload(NCCLWeightTransferInitInfo(
-                master_address=address, master_port=port, rank_offset=1 + i, world_size=world_size, packed=False))}
-            for i in range(len(self.urls))])
-        self.group = trainer_init({"master_address": address, "master_port": port, "world_size": world_size})
+            {"init_info": worker_init_payload(NCCLWeightTransferInitInfo(**p, packed=False))} for p in payloads])
+        self.group = trainer_init({"master_address": address, "master_port": port,
+                                   "world_size": payloads[0]["world_size"]})
         joins.result(self.timeout_s)
         if self.partial_rollouts:  # retract (keep in-flight requests) when every front offers it
             infos = [self.http.get(url + "/get_model_info").json() for url in self.urls]
@@ -124,9 +160,12 @@ class VLLMNCCLTransport:
             raise WeightSyncError("connect() the vllm_nccl transport before send()")
         tensors = iter(named_tensors)
         try:
-            return self._send(tensors, version)
-        finally:
-            drain(tensors)
+            stats = self._send(tensors, version)
+        except BaseException:
+            release(tensors)  # the other learner ranks stop with this one (or gather to the end)
+            raise
+        drain(tensors)
+        return stats
 
     def _send(self, tensors: Iterator[tuple[str, Any]], version: int) -> dict[str, float]:
         import torch
@@ -139,9 +178,8 @@ class VLLMNCCLTransport:
         sent: dict[str, str] = {}
         n_tensors = n_bytes = n_buckets = 0
         stream = torch.cuda.current_stream()
-        for bucket in iter_buckets(((n, t.detach().cuda().contiguous()) for n, t in tensors), self.bucket_bytes):
-            info = {"names": [n for n, _ in bucket], "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                    "shapes": [list(t.shape) for _, t in bucket]}
+        for bucket in iter_buckets(prepared(tensors, self.dtype), self.bucket_bytes):
+            info = update_info(bucket)
             receiving = self._all("/update_weights", [{"update_info": info}] * len(self.urls))
             for name, tensor in bucket:
                 if receiving.done() and receiving.exception() is not None:
