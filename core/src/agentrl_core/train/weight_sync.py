@@ -176,7 +176,7 @@ class Lockstep:
             raise StopIteration
         if self._agree(False):
             self.state = "stopped"
-            raise SyncStopped(f"{self._what} was stopped by another learner rank (rank 0's error says why)")
+            raise SyncStopped(f"{self._what} was stopped by another learner rank (that rank's error says why)")
         try:
             return next(self._it)
         except StopIteration:
@@ -201,7 +201,7 @@ class Lockstep:
         if state != "done":  # stopped: every rank saw the flag at the same agreement; broken; settled
             return
         if self._agree(failed) and not failed:
-            raise SyncStopped(f"{self._what} failed on another learner rank (rank 0's error says why)")
+            raise SyncStopped(f"{self._what} failed on another learner rank (that rank's error says why)")
 
 
 def push_weights(
