@@ -273,3 +273,63 @@ def test_the_learner_keeps_no_logprobs_unless_asked(tiny_model_dir, world_of_one
                       temperature=TEMPERATURE)
     learner.forward_backward(samples)
     assert learner.take_token_logprobs() == {}
+
+
+def loading_worker(rank, world_size, port, model_dir, out_path):
+    import resource
+
+    import torch.distributed as dist
+    import transformers
+
+    from agentrl_core.train.learner import Learner
+
+    torch.set_num_threads(1)
+    reads = []
+    from_pretrained = transformers.AutoModelForCausalLM.from_pretrained
+
+    def counted(*args, **kwargs):
+        reads.append(args[0])
+        return from_pretrained(*args, **kwargs)
+
+    transformers.AutoModelForCausalLM.from_pretrained = counted
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        learner = Learner(model_dir, train=TrainConfig(device="cpu", gradient_checkpointing=True),
+                          optim=OptimConfig(lr=LR), loss=LOSS)
+        full = {n: t.clone() for n, t in learner.named_full_tensors()}
+        ref = {n: p.full_tensor().clone() for n, p in learner.ref_model.named_parameters()}
+        buffers = {n: b.clone() for n, b in learner.model.named_buffers()}
+        torch.save({"reads": len(reads), "full": full, "ref": ref, "buffers": buffers,
+                    "tied": learner.model.lm_head.weight is learner.model.model.embed_tokens.weight,
+                    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024},
+                   f"{out_path}.{rank}")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.processes
+def test_only_rank_0_reads_the_model_and_every_rank_gets_its_weights(tiny_model_dir, tmp_path):
+    """Rank 0 reads the checkpoint (actor and reference); rank 1 builds on the meta device and
+    receives its shards and the buffers: the same full weights as the checkpoint, bit for bit."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "loaded"
+    mp.start_processes(loading_worker, args=(2, _free_port(), str(tiny_model_dir), str(out)), nprocs=2,
+                       start_method="spawn")
+    r0, r1 = (torch.load(f"{out}.{r}", weights_only=False) for r in (0, 1))
+    assert (r0["reads"], r1["reads"]) == (2, 0)  # before: every rank read both
+    on_disk = load_file(str(tiny_model_dir / "model.safetensors"))
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    expected_buffers = dict(reference.named_buffers())
+    assert expected_buffers  # rotary frequencies: not in the checkpoint, computed at construction
+    for r in (r0, r1):
+        assert set(r["full"]) == {n for n, _ in reference.named_parameters()} == set(r["ref"])
+        for name, tensor in r["full"].items():
+            assert torch.equal(tensor, on_disk.get(name, on_disk.get("model.embed_tokens.weight"))), name
+            assert torch.equal(r["ref"][name], tensor), name
+        for name, buffer in expected_buffers.items():
+            assert torch.equal(r["buffers"][name], buffer), name
+    assert r0["tied"] == r1["tied"]

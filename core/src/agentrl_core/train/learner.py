@@ -41,7 +41,8 @@ from agentrl_core.train.packed_attention import attention_implementation
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Learner", "init_distributed", "resolve_device", "load_causal_lm", "compute_dtype", "shard_model",
+__all__ = ["Learner", "init_distributed", "resolve_device", "load_causal_lm", "load_sharded_causal_lm", "compute_dtype",
+           "shard_model",
            "named_full_tensors"]
 
 
@@ -88,6 +89,52 @@ def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype = torch.float32, 
 
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation=attn_implementation,
                                                 trust_remote_code=trust_remote_code)
+
+
+def load_sharded_causal_lm(path: str | os.PathLike, dtype: torch.dtype, attn_implementation: str,
+                           trust_remote_code: bool, mesh: DeviceMesh, device: torch.device,
+                           mp_policy: MixedPrecisionPolicy | None = None,
+                           prepare: Callable[[torch.nn.Module], None] | None = None) -> torch.nn.Module:
+    """The model of ``path`` sharded over ``mesh`` (:func:`shard_model`) on ``device``, read from
+    disk by rank 0 only.
+
+    Rank 0 loads the full model on the CPU; the other ranks build it on the meta device (no
+    memory), shard it, allocate their shards and receive them from rank 0
+    (``set_model_state_dict(broadcast_from_rank0=True)``), then the buffers the state dict
+    lacks (rotary frequencies). So a rank's host memory holds its shard, not the whole model,
+    and only rank 0's grows with the model. ``prepare`` runs on every rank before sharding
+    (gradient checkpointing)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if mesh.size() == 1:
+        model = load_causal_lm(path, dtype, attn_implementation, trust_remote_code)
+        if prepare is not None:
+            prepare(model)
+        return shard_model(model, mesh, mp_policy).to(device)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    rank0 = dist.get_rank() == 0
+    if rank0:
+        model = load_causal_lm(path, dtype, attn_implementation, trust_remote_code)
+        full = model.state_dict()
+    else:
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
+                                                     trust_remote_code=trust_remote_code)
+        full = {}
+    if prepare is not None:
+        prepare(model)
+    shard_model(model, mesh, mp_policy)
+    if rank0:
+        model.to(device)
+    else:
+        model.to_empty(device=device)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    del full
+    for buffer in model.buffers():  # not in the state dict (non-persistent): rank 0's computed values
+        dist.broadcast(buffer, src=0)
+    return model
 
 
 def compute_dtype(name: str) -> torch.dtype:
@@ -191,25 +238,29 @@ class Learner:
 
         self.attn_implementation = attention_implementation(self.device, self.layout)
         self.trust_remote_code = trust_remote_code
-        self.model = load_causal_lm(self.model_path, torch.float32, self.attn_implementation, trust_remote_code)
-        self.config = self.model.config
-        self.pad_token_id = int(self.config.pad_token_id if self.config.pad_token_id is not None else 0)
-        if self.train_config.gradient_checkpointing:
-            enable = getattr(self.model, "activation_checkpointing_enable", None)
+
+        def checkpointing(model: torch.nn.Module) -> None:
+            if not self.train_config.gradient_checkpointing:
+                return
+            enable = getattr(model, "activation_checkpointing_enable", None)
             if enable is not None:
                 enable()
             else:  # transformers < 5
-                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        shard_model(self.model, self.mesh, mp_policy)
-        self.model.to(self.device)
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+        # rank 0 reads the checkpoint, the others receive their shards: host memory per rank
+        # does not hold the whole fp32 model (and reference) on every rank
+        self.model = load_sharded_causal_lm(self.model_path, torch.float32, self.attn_implementation,
+                                            trust_remote_code, self.mesh, self.device, mp_policy, checkpointing)
+        self.config = self.model.config
+        self.pad_token_id = int(self.config.pad_token_id if self.config.pad_token_id is not None else 0)
         self.model.train()
 
         self.ref_model = None
         if self.train_config.reference and self.loss_config.kl_coef > 0:
             ref_dtype = param_dtype if on_gpu else torch.float32
-            self.ref_model = shard_model(load_causal_lm(self.model_path, ref_dtype, self.attn_implementation,
-                                                        trust_remote_code), self.mesh)
-            self.ref_model.to(self.device)
+            self.ref_model = load_sharded_causal_lm(self.model_path, ref_dtype, self.attn_implementation,
+                                                    trust_remote_code, self.mesh, self.device)
             self.ref_model.eval()
             self.ref_model.requires_grad_(False)
 
