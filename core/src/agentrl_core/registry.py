@@ -58,6 +58,7 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("advantage_normalizer", "task"): "agentrl-advnorm-task",
     ("rollout_engine", "vllm"): "agentrl-engine-vllm",
     ("weight_sync_transport", "vllm_nccl"): "agentrl-engine-vllm",
+    ("logger", "mlflow"): "agentrl-logger-mlflow",
 }
 
 
