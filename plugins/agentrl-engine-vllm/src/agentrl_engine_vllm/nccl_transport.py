@@ -137,7 +137,11 @@ class VLLMNCCLTransport:
         )
 
         self.urls = [u.rstrip("/") for u in engines]
-        self.http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=10.0), trust_env=False)
+        from agentrl_core.http.auth import authorization_header, env_token
+
+        # the fronts require the run's token (AGENTRL_TOKEN, which agentrl train gives every process it starts)
+        self.http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=10.0), trust_env=False,
+                                 headers=authorization_header(env_token()))
         address = learner_rank0 or "127.0.0.1"
         port = free_port(address)
         payloads = join_payloads(address, port, len(self.urls), self.ranks_per_engine)
