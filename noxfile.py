@@ -138,6 +138,19 @@ def lint(session: nox.Session) -> None:
     session.run("zizmor", "--offline", "--config", str(ROOT / ".github" / "zizmor.yml"), *workflows)
 
 
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs.yml): ``mkdocs build --strict``, so a broken link fails; ``-- serve`` serves it."""
+    # agentrl-core without extras (no torch): the hooks import its config classes and argparse parser
+    _install(session, "mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "-e", str(ROOT / "core"))
+    session.chdir(ROOT)
+    session.env["NO_MKDOCS_2_WARNING"] = "1"  # Material's banner about MkDocs 2 and its successor
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve", "--strict", *session.posargs[1:])
+    else:
+        session.run("mkdocs", "build", "--strict", *session.posargs)
+
+
 def _build_from_archive(session: nox.Session, work: Path) -> tuple[Path, Path]:
     """Unpack ``git archive HEAD`` under ``work`` and build an sdist, then from it a wheel, of every package.
 
