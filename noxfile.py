@@ -142,8 +142,9 @@ def lint(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """The documentation site (mkdocs.yml): ``mkdocs build --strict``, so a broken link fails; ``-- serve`` serves it."""
     # agentrl-core without extras (no torch): the hooks import its config classes and argparse parser
-    _install(session, "mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "-e", str(ROOT / "core"))
+    _install(session, "mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "pytest", "pytest-timeout", "-e", str(ROOT / "core"))
     session.chdir(ROOT)
+    session.run("python", "-m", "pytest", "-q", "tests/docs")  # the generated reference pages
     session.env["NO_MKDOCS_2_WARNING"] = "1"  # Material's banner about MkDocs 2 and its successor
     if session.posargs[:1] == ["serve"]:
         session.run("mkdocs", "serve", "--strict", *session.posargs[1:])
