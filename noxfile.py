@@ -147,7 +147,10 @@ def docs(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-q", "tests/docs")  # the generated reference pages
     session.env["NO_MKDOCS_2_WARNING"] = "1"  # Material's banner about MkDocs 2 and its successor
     if session.posargs[:1] == ["serve"]:
-        session.run("mkdocs", "serve", "--strict", *session.posargs[1:])
+        # the pages outside docs_dir, watched so that an edit rebuilds the site (the reference pages are
+        # generated from the modules imported at start: restart to see a change of config.py or the CLI)
+        watched = ["README.md", "CONTRIBUTING.md", "core/docs", "core/README.md", *[str(p.relative_to(ROOT)) for p in ROOT.glob("plugins/*/README.md")]]
+        session.run("mkdocs", "serve", "--strict", *[x for w in watched for x in ("-w", w)], *session.posargs[1:])
     else:
         session.run("mkdocs", "build", "--strict", *session.posargs)
 
