@@ -121,7 +121,7 @@ def test_the_entry_point_is_discovered_by_a_fresh_process(tmp_path: Path, worklo
     out = subprocess.run([sys.executable, "-m", "agentrl_core.cli.main", "plugins", "--json"], env=env,
                          capture_output=True, text=True, check=True).stdout
     record = next(p for p in json.loads(out) if p["name"] == "bench_replay")
-    assert record["status"] == "ok" and record["provides"] == {"environment": ["replay"]}
+    assert record["status"] == "ok" and record["provides"] == {"environment": ["replay"], "agent_loop": ["longtail"]}
 
 
 def test_engine_breakdown_attributes_idle_time_by_state() -> None:
@@ -160,22 +160,3 @@ def test_engine_busy_share_by_learner_phase() -> None:
     phases = learner_phases([{"time": 4.0, "time/step_s": 4.0, "time/wait_rollout_s": 1.0, "time/train_s": 3.0}])
     out = engine_breakdown(samples, "e", 0.0, 4.0, phases)["busy_by_learner_phase"]
     assert out == {"wait_rollout": {"span_s": 1.0, "busy": 1.0}, "train": {"span_s": 3.0, "busy": round(0.5 / 3, 4)}}
-
-
-def test_ratio_decomposition_sums_to_the_ratio() -> None:
-    from throughput import combine
-
-    def run(mode: str, tokens: float, wall: float, wait: float, train: float) -> dict:
-        seconds = {"wait_rollout": wait, "advantages": 0.0, "train": train, "weight_sync": 0.0}
-        return {"mode": mode, "analysis": {"trained_tokens": tokens, "wall_s": wall, "trained_tokens_per_s": tokens / wall,
-                                           "learner_seconds": seconds}}
-
-    # async: 1000 tokens in 10 s (0.01 s/token), learner never waits; sync: 1000 tokens in 20 s,
-    # 5 s generating, 14 s training, 1 s other -> 0.5 + 1.4 + 0.1 = 2.0 = (1000/10) / (1000/20)
-    summary = combine([run("async", 1000, 10, 0.0, 10), run("sync", 1000, 20, 5, 14)])
-    assert summary["ratio_async_over_sync"] == 2.0
-    d = summary["ratio_decomposition"]
-    assert (d["sync_generation"], d["sync_training"], d["sync_other"]) == (0.5, 1.4, 0.1)
-    assert d["async_bottleneck"] == "learner"
-    assert (d["learner_tokens_per_train_s_sync_all_cores"], d["learner_tokens_per_train_s_async_learner_cores"]) \
-        == (round(1000 / 14, 1), 100.0)
