@@ -36,9 +36,14 @@ and the weight updater of 0.5.x were read for each point):
   paused, receives every tensor by broadcast from rank 0 on every TP rank, checks the
   names against the checkpoint's (after receiving, as SGLang loads after receiving), takes
   ``SGLANG_DOUBLE_LOAD_S`` seconds to "load" them, and sets the version; ``/update_weights_from_disk`` needs an existing model directory;
-* ``/destroy_weights_update_group``, ``/get_server_info`` (server arguments,
-  ``internal_states``, ``version``), ``/get_model_info``, ``/flush_cache`` (400 while
-  requests run, as SGLang) are served;
+* ``/destroy_weights_update_group``, ``/get_model_info``, ``/flush_cache`` (400 while
+  requests run, as SGLang) are served; ``/get_server_info`` answers what 0.5.4's does and no
+  more: the server arguments, the scheduler's ready message (``status``,
+  ``max_total_num_tokens``, ``max_req_input_len``), ``internal_states`` (one per DP rank: the
+  server arguments, ``last_gen_throughput``, ``memory_usage``) and ``version`` -- no request
+  counts and no busy time; ``/get_load`` answers SGLang's list of one ``GetLoadReqOutput``
+  per DP rank (``rid``, ``http_worker_ipc``, ``dp_rank``, ``num_reqs`` = running + waiting,
+  ``num_waiting_reqs``, ``num_tokens``), requests waiting while paused included;
 * ``--api-key KEY`` makes every route but ``/health*`` (and the test-only ``/double/*``)
   answer 401 to a request without ``Authorization: Bearer KEY``, as SGLang 0.5.x's
   ``add_api_key_middleware`` does (``/health`` and ``/metrics`` stay open there; its body is
@@ -60,6 +65,9 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_core.http.server import App, HTTPError, Request, Response, bind_socket, json_response, serve_app
+
+TOKEN_CAPACITY = 65536  # the double's "KV cache" in tokens (SGLang sizes it from GPU memory)
+DECODE_LOG_INTERVAL = 40  # SGLang's --decode-log-interval default
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -91,8 +99,9 @@ def _true(name: str) -> bool:
 class _Req:
     """One /generate request in flight."""
 
-    def __init__(self, rid: str) -> None:
+    def __init__(self, rid: str, prompt_tokens: int = 0) -> None:
         self.rid = rid
+        self.prompt_tokens = prompt_tokens
         self.prefilled = False
         self.retracted = False  # sent back to the queue by a retracting pause: prefill again before going on
         self.aborted = asyncio.Event()
@@ -122,6 +131,10 @@ class FakeSGLang:
         self.idle = asyncio.Event()  # no request running (SGLang's writer lock waits for it)
         self.idle.set()
         self.running: dict[str, _Req] = {}
+        self.gated = 0  # requests that arrived while paused or updating (SGLang's waiting queue holds them)
+        self.gated_tokens = 0
+        self.last_gen_throughput = 0.0  # tokens/s, renewed every DECODE_LOG_INTERVAL tokens like SGLang's log
+        self._window = (time.monotonic(), 0)
         self.progress: dict[str, int] = {}  # tokens generated so far, per rid (test-only, in /double/state)
         self.groups: dict[str, _Group] = {}
         self.received: dict[str, list] = {}
@@ -134,6 +147,7 @@ class FakeSGLang:
         for method, path, handler in [
             ("GET", "/health", self.health), ("GET", "/health_generate", self.health),
             ("GET", "/get_model_info", self.model_info), ("GET", "/get_server_info", self.server_info),
+            ("GET", "/get_load", self.load),
             ("POST", "/generate", self.generate), ("POST", "/abort_request", self.abort_request),
             ("POST", "/pause_generation", self.pause), ("POST", "/continue_generation", self.resume),
             ("POST", "/flush_cache", self.flush), ("GET", "/flush_cache", self.flush),
@@ -178,9 +192,29 @@ class FakeSGLang:
                 "preferred_sampling_params": None, "weight_version": self.weight_version}
 
     async def server_info(self, request: Request) -> dict:
-        return {**{k: v for k, v in vars(self.args).items()}, "weight_version": self.weight_version,
-                "internal_states": [{"running": len(self.running), "paused": self.paused}],
-                "version": "0.5-test-double"}
+        # SGLang 0.5.4, entrypoints/http_server.py get_server_info:
+        #   {**dataclasses.asdict(server_args), **scheduler_info, "internal_states": [...], "version": __version__}
+        # scheduler_info is what the scheduler sent when ready (managers/scheduler.py run_scheduler_process:
+        # status, max_total_num_tokens, max_req_input_len); each internal state (one per DP rank) is
+        # Scheduler.get_internal_state: the server arguments plus last_gen_throughput and memory_usage
+        # {weight, kvcache, token_capacity, graph}. No request counts, no busy time: those are /get_load's.
+        server_args = {**vars(self.args), "weight_version": self.weight_version}
+        state = {**server_args, "last_gen_throughput": self.last_gen_throughput,
+                 "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": TOKEN_CAPACITY, "graph": 0.0}}
+        return {**server_args, "status": "ready", "max_total_num_tokens": TOKEN_CAPACITY,
+                "max_req_input_len": TOKEN_CAPACITY - 1, "internal_states": [state], "version": "0.5.4"}
+
+    async def load(self, request: Request) -> list:
+        # SGLang 0.5.4 /get_load: tokenizer_manager.get_load(), one GetLoadReqOutput per DP rank
+        # (managers/io_struct.py: BaseReq's rid and http_worker_ipc, then dp_rank, num_reqs,
+        # num_waiting_reqs, num_tokens); Scheduler.get_load: num_reqs = running batch + waiting queue,
+        # num_tokens = KV tokens in use + the prompts waiting; dp_rank is None without data parallelism.
+        waiting = [r for r in self.running.values() if not r.prefilled or r.retracted]
+        tokens = sum(r.prompt_tokens + (0 if r in waiting else self.progress.get(r.rid, 0))
+                     for r in self.running.values()) + self.gated_tokens
+        return [{"rid": None, "http_worker_ipc": None, "dp_rank": None,
+                 "num_reqs": len(self.running) + self.gated, "num_waiting_reqs": len(waiting) + self.gated,
+                 "num_tokens": tokens}]
 
     # -- generation -------------------------------------------------------------------
 
@@ -191,9 +225,16 @@ class FakeSGLang:
                                  "stop_token_ids", "ignore_eos", "sampling_seed", "skip_special_tokens"}
         if unknown:
             raise HTTPError(400, f"unknown sampling params {sorted(unknown)}")
-        await self._passed_gate()  # paused, or a weight update holds SGLang's lock: wait
+        prompt = len(body.get("input_ids") or [])
+        self.gated += 1
+        self.gated_tokens += prompt
+        try:
+            await self._passed_gate()  # paused, or a weight update holds SGLang's lock: wait
+        finally:
+            self.gated -= 1
+            self.gated_tokens -= prompt
         rid = str(body.get("rid") or id(body))
-        req = self.running[rid] = _Req(rid)
+        req = self.running[rid] = _Req(rid, prompt)
         self.idle.clear()
         try:
             return await self._decode(req, body, params)
@@ -231,12 +272,23 @@ class FakeSGLang:
                 break
             ids.append((base + i) % 1000)
             self.progress[req.rid] = len(ids)
+            self._count_token()
         logprob = -0.5 * float(params.get("temperature", 1.0)) if _true("SGLANG_RETURN_ORIGINAL_LOGPROB") else -0.5
         meta.update(finish_reason=reason, completion_tokens=len(ids), cached_tokens=0,
                     weight_version=self.weight_version)  # the server's version when it answers
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[logprob, t, None] for t in ids]
         return {"text": " ".join(map(str, ids)), "output_ids": ids, "meta_info": meta}
+
+    def _count_token(self) -> None:
+        """SGLang renews last_gen_throughput when it logs decode stats (every 40 decode steps)."""
+        start, n = self._window
+        n += 1
+        if n >= DECODE_LOG_INTERVAL:
+            now = time.monotonic()
+            self.last_gen_throughput = n / max(now - start, 1e-9)
+            start, n = now, 0
+        self._window = (start, n)
 
     async def abort_request(self, request: Request) -> Response:
         body = self.record(request)

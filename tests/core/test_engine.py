@@ -367,6 +367,30 @@ async def test_a_cancelled_caller_frees_its_engine_slot(prompts, engine):
     assert engine.server.scheduler.stats.aborted == aborted + 1  # stopped by /abort_request, not by length
 
 
+async def test_busy_reading_is_the_engines_forward_time(prompts, engine):
+    from agentrl_core.train.step_metrics import pool_busy_metrics
+
+    async with EngineClient(engine.url) as client:
+        before = await client.busy()
+        assert before.forward_seconds is not None and before.wall_seconds > 0 and before.requests == 0
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.generate, prompts[0], {"max_new_tokens": 5000, "ignore_eos": True})
+            with anyio.fail_after(30):
+                while (await client.busy()).requests == 0:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.3)
+            during = await client.busy()
+            tg.cancel_scope.cancel()  # the caller gives up: /abort_request frees the slot
+        with anyio.fail_after(30):
+            while (await client.server_info())["running"]:
+                await anyio.sleep(0.01)
+    previous = {}
+    pool_busy_metrics("p", {engine.url: before}, previous)
+    metrics = pool_busy_metrics("p", {engine.url: during}, previous)
+    assert 0.0 < metrics["engine/p/busy_fraction"] <= 1.0 and metrics["engine/p/requests"] == 1.0
+    assert during.forward_seconds > before.forward_seconds
+
+
 async def test_pool_routes_sticky_and_least_loaded(prompts, engine):
     async with EnginePool("current", [engine.url, engine.url + "/"]) as pool:
         assert len(pool.urls) == 1  # the same engine twice is one engine

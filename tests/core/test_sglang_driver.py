@@ -391,3 +391,58 @@ def test_hf_driver_maps_placements_to_engine_command_lines(tmp_path):
                    "--threads", "3", "--max-context", "4096"] and env == {}
     cmd, env = driver.command("/m", {"device": "cuda", "gpus": [2]}, tmp_path / "p.json", "stale-0")
     assert env == {"CUDA_VISIBLE_DEVICES": "2"} and cmd[-4:] == ["--device", "cuda", "--max-context", "4096"]
+
+
+async def test_busy_metric_on_sglang_reads_get_load_and_is_nonzero_while_generating():
+    """Real SGLang's /get_server_info has no request counts and no forward time (the double answers
+    only what 0.5.4 does), so the busy metric comes from /get_load: nonzero while the double
+    generates, zero before and after."""
+    import asyncio
+
+    from sglang_double import FakeSGLang, parse_args
+
+    from agentrl_core.http.server import bind_socket, serve_app
+    from agentrl_core.train.step_metrics import pool_busy_metrics
+
+    server = FakeSGLang(parse_args(["--model-path", "none", "--api-key", "k"]))
+    server.ready_at = 0.0
+    sock = bind_socket("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    stop = asyncio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: serve_app(server.app, sock, stop=stop))
+        async with EngineClient(url, token="k") as client:
+            with anyio.fail_after(30):
+                while not await client.alive():
+                    await anyio.sleep(0.01)
+            info = await client.server_info()
+            state = info["internal_states"][0]
+            assert {"last_gen_throughput", "memory_usage"} <= set(state) and info["version"] == "0.5.4"
+            # what SGLang does not return, the double does not either
+            assert not {"running", "waiting", "forward_seconds", "busy_fraction"} & (set(info) | set(state))
+            idle = await client.busy()
+            assert (idle.requests, idle.waiting, idle.forward_seconds) == (0, 0, None)
+            assert pool_busy_metrics("current", {url: idle}, {}) == {
+                "engine/current/busy_fraction": 0.0, "engine/current/requests": 0.0,
+                "engine/current/waiting_requests": 0.0}
+
+            done = anyio.Event()
+
+            async def generate():
+                await client.generate([1, 2, 3], {"max_new_tokens": 100})
+                done.set()
+
+            tg.start_soon(generate)
+            with anyio.fail_after(30):
+                while (await client.busy()).requests == 0:
+                    await anyio.sleep(0.01)
+            assert pool_busy_metrics("current", {url: await client.busy()}, {}) == {
+                "engine/current/busy_fraction": 1.0, "engine/current/requests": 1.0,
+                "engine/current/waiting_requests": 0.0}
+            with anyio.fail_after(30):
+                await done.wait()
+            assert (await client.busy()).requests == 0
+            assert (await client.server_info())["internal_states"][0]["last_gen_throughput"] > 0  # 100 tokens logged
+            async with httpx.AsyncClient() as http:  # /get_load is behind the API key, as in SGLang
+                assert (await http.get(url + "/get_load")).status_code == 401
+        stop.set()

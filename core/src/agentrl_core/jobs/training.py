@@ -37,7 +37,13 @@ from agentrl_core.jobs.progress import EpisodeProgress, TrainProgress, where_to_
 from agentrl_core.registry import Registry
 from agentrl_core.train.engine_watch import EngineWatchdog
 from agentrl_core.train.rollout_manager import RolloutManager, default_max_consecutive_drops, warmup_minimum
-from agentrl_core.train.step_metrics import batch_metrics, lag_histogram, rollout_waste_metrics, sample_rollouts
+from agentrl_core.train.step_metrics import (
+    batch_metrics,
+    lag_histogram,
+    pool_busy_metrics,
+    rollout_waste_metrics,
+    sample_rollouts,
+)
 from agentrl_core.types import (
     AgentLoopSpec,
     LoggerSpec,
@@ -524,27 +530,16 @@ class Trainer:
             self.echo(f"validation at step {self.step}: " + ", ".join(f"{t} {v:.3f}" for t, v in validation.items()))
 
     async def _engine_metrics(self) -> dict[str, float]:
-        """Busy fraction (forward time / wall time) of each pool's engines since the last step."""
+        """How busy each pool's engines were since the last step (``pool_busy_metrics``)."""
         out: dict[str, float] = {}
         for name, pool in self.engine_pools.items():
-            fractions = []
+            readings = {}
             for url, engine in list(pool.engines.items()):
                 try:
-                    info = await engine.server_info(timeout=self.config.engine.health_timeout)
+                    readings[url] = await engine.busy(timeout=self.config.engine.health_timeout)
                 except Exception as exc:  # an engine that died shows up as failures elsewhere
                     log.warning("engine %s: %s", url, exc)
-                    continue
-                if "forward_seconds" in info:  # exact; busy_fraction x uptime_s mixes two clocks started apart
-                    busy, wall = float(info["forward_seconds"]), float(info.get("wall_seconds", 0.0))
-                else:
-                    busy = float(info.get("busy_fraction", 0.0)) * float(info.get("uptime_s", 0.0))
-                    wall = float(info.get("uptime_s", 0.0))
-                prev_busy, prev_wall = self._engine_busy.get(url, (0.0, 0.0))
-                self._engine_busy[url] = (busy, wall)
-                if wall > prev_wall:
-                    fractions.append((busy - prev_busy) / (wall - prev_wall))
-            if fractions:
-                out[f"engine/{name}/busy_fraction"] = sum(fractions) / len(fractions)
+            out.update(pool_busy_metrics(name, readings, self._engine_busy))
         return out
 
     async def validate(self) -> dict[str, float]:

@@ -37,8 +37,8 @@ from agentrl_core.http.auth import authorization_header, env_token
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EngineError", "EngineUnavailable", "EngineTimeout", "GenerateResult", "EngineClient", "EnginePool",
-           "make_http_client", "pause_mode_for", "DEFAULT_TIMEOUT", "DEFAULT_HEALTH_TIMEOUT"]
+__all__ = ["EngineError", "EngineUnavailable", "EngineTimeout", "GenerateResult", "BusyReading", "EngineClient",
+           "EnginePool", "make_http_client", "pause_mode_for", "DEFAULT_TIMEOUT", "DEFAULT_HEALTH_TIMEOUT"]
 
 DEFAULT_TIMEOUT = 900.0  # seconds one engine call may take in all (a long generation included)
 # SGLang's /health generates one token and waits up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s) for it;
@@ -202,6 +202,26 @@ def make_http_client(*, timeout: float = DEFAULT_TIMEOUT, connect_timeout: float
 
 
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+
+@frozen
+class BusyReading:
+    """One reading of an engine's load.
+
+    ``forward_seconds``/``wall_seconds`` are cumulative (agentrl's HF engine, the vLLM front):
+    two readings give the exact busy fraction between them. SGLang reports no forward time,
+    so its reading has only ``requests`` (running + waiting, at the moment of the reading) and
+    ``waiting``.
+    """
+
+    forward_seconds: float | None = None
+    wall_seconds: float | None = None
+    requests: int | None = None
+    waiting: int | None = None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 class EngineClient:
@@ -368,6 +388,35 @@ class EngineClient:
 
     async def server_info(self, timeout: float | None = None) -> dict[str, Any]:
         return await self._json("GET", "/get_server_info", timeout=timeout)
+
+    async def busy(self, timeout: float | None = None) -> BusyReading:
+        """How busy the engine is, from what its kind reports (see :class:`BusyReading`).
+
+        Our HF engine and the vLLM front report cumulative ``forward_seconds`` and
+        ``wall_seconds`` in ``/get_server_info``. SGLang 0.5.x does not: its ``/get_server_info``
+        is ``{**server_args, **scheduler_info, "internal_states": [...], "version"}``
+        (``entrypoints/http_server.py`` ``get_server_info``), and each internal state is the
+        server arguments plus ``last_gen_throughput`` and ``memory_usage``
+        (``managers/scheduler.py`` ``Scheduler.get_internal_state``): no request counts and no
+        forward time. Its load is ``GET /get_load``: one ``GetLoadReqOutput`` per DP rank,
+        ``{dp_rank, num_reqs, num_waiting_reqs, num_tokens}`` (plus ``BaseReq``'s ``rid`` and
+        ``http_worker_ipc``), where ``num_reqs`` is running + waiting (``Scheduler.get_load``;
+        read in the sglang 0.5.4 wheel).
+        """
+        info = await self.server_info(timeout=timeout)
+        if "forward_seconds" in info:
+            return BusyReading(forward_seconds=float(info["forward_seconds"]),
+                               wall_seconds=float(info.get("wall_seconds", 0.0)),
+                               requests=_int_or_none(info.get("running")), waiting=_int_or_none(info.get("waiting")))
+        if "internal_states" in info:  # SGLang: the load is a separate route
+            loads = await self._json("GET", "/get_load", timeout=timeout)
+            if not isinstance(loads, list) or not all(isinstance(x, dict) and "num_reqs" in x for x in loads):
+                raise EngineError(f"GET {self.url}/get_load answered {str(loads)[:200]!r}, not SGLang's list of "
+                                  "{dp_rank, num_reqs, num_waiting_reqs, num_tokens}", url=self.url)
+            return BusyReading(requests=sum(int(x["num_reqs"]) for x in loads),
+                               waiting=sum(int(x.get("num_waiting_reqs", 0)) for x in loads))
+        raise EngineError(f"GET {self.url}/get_server_info has neither forward_seconds (agentrl's engines) nor "
+                          "internal_states (SGLang), so how busy the engine is cannot be read", url=self.url)
 
     async def flush_cache(self) -> None:
         await self.request("POST", "/flush_cache")

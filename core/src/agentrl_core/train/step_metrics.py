@@ -126,3 +126,40 @@ def sample_rollouts(trajectories: Sequence[Trajectory], tokenizer: Any, count: i
         }
         for t in picked
     ]
+
+
+def pool_busy_metrics(pool: str, readings: dict[str, Any], previous: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """``engine/<pool>/*`` from one :class:`~agentrl_core.rollout.engine_client.BusyReading` per engine URL.
+
+    Engines with cumulative ``forward_seconds``/``wall_seconds`` (agentrl's HF engine, the vLLM
+    front) give the exact busy fraction since the previous reading, kept in ``previous`` (updated
+    here); the pool's value is the mean over its engines. SGLang reports no forward time, only
+    its requests at the moment of the reading (``/get_load``), so for it ``busy_fraction`` is the
+    share of the pool's engines with at least one request running or waiting then. ``requests``
+    and ``waiting_requests`` sum what the engines report.
+    """
+    fractions: list[float] = []
+    occupied: list[float] = []
+    requests = waiting = 0
+    counted = False
+    for url, r in readings.items():
+        if r.forward_seconds is not None:
+            busy, wall = float(r.forward_seconds), float(r.wall_seconds or 0.0)
+            prev_busy, prev_wall = previous.get(url, (0.0, 0.0))
+            previous[url] = (busy, wall)
+            if wall > prev_wall:
+                fractions.append((busy - prev_busy) / (wall - prev_wall))
+        elif r.requests is not None:
+            occupied.append(1.0 if r.requests > 0 else 0.0)
+        if r.requests is not None:
+            counted = True
+            requests += r.requests
+            waiting += r.waiting or 0
+    out: dict[str, float] = {}
+    if fractions or occupied:
+        values = fractions + occupied
+        out[f"engine/{pool}/busy_fraction"] = sum(values) / len(values)
+    if counted:
+        out[f"engine/{pool}/requests"] = float(requests)
+        out[f"engine/{pool}/waiting_requests"] = float(waiting)
+    return out
