@@ -393,15 +393,16 @@ class EngineClient:
         """How busy the engine is, from what its kind reports (see :class:`BusyReading`).
 
         Our HF engine and the vLLM front report cumulative ``forward_seconds`` and
-        ``wall_seconds`` in ``/get_server_info``. SGLang 0.5.x does not: its ``/get_server_info``
-        is ``{**server_args, **scheduler_info, "internal_states": [...], "version"}``
-        (``entrypoints/http_server.py`` ``get_server_info``), and each internal state is the
-        server arguments plus ``last_gen_throughput`` and ``memory_usage``
-        (``managers/scheduler.py`` ``Scheduler.get_internal_state``): no request counts and no
-        forward time. Its load is ``GET /get_load``: one ``GetLoadReqOutput`` per DP rank,
-        ``{dp_rank, num_reqs, num_waiting_reqs, num_tokens}`` (plus ``BaseReq``'s ``rid`` and
-        ``http_worker_ipc``), where ``num_reqs`` is running + waiting (``Scheduler.get_load``;
-        read in the sglang 0.5.4 wheel).
+        ``wall_seconds`` in ``/get_server_info``. SGLang 0.5.x does not (read in the sglang 0.5.4
+        wheel, python/sglang/srt/...): its ``/get_server_info`` is ``{**server_args,
+        **scheduler_info, "internal_states": [...], "version"}`` (``entrypoints/http_server.py``
+        496-507), and each internal state is the server arguments plus ``last_gen_throughput``
+        and ``memory_usage`` (``managers/scheduler.py`` 2386-2407, ``get_internal_state``): no
+        request counts and no forward time. Its load is ``GET /get_load`` (``http_server.py``
+        510-512): one ``GetLoadReqOutput`` per DP rank, ``{rid, http_worker_ipc, dp_rank,
+        num_reqs, num_waiting_reqs, num_tokens}`` (``managers/io_struct.py`` 40-42 and
+        1446-1450), where ``num_reqs`` is the running batch + the waiting queue
+        (``scheduler.py`` 2341-2384, ``get_load``). core/docs/engine.md section 5 has the rest.
         """
         info = await self.server_info(timeout=timeout)
         if "forward_seconds" in info:
