@@ -210,8 +210,8 @@ class BusyReading:
 
     ``forward_seconds``/``wall_seconds`` are cumulative (agentrl's HF engine, the vLLM front):
     two readings give the exact busy fraction between them. SGLang reports no forward time,
-    so its reading has only ``requests`` (running + waiting, at the moment of the reading) and
-    ``waiting``.
+    so its reading has only the requests of the moment. ``requests`` counts running and
+    waiting ones (SGLang's ``num_reqs``), ``waiting`` the waiting ones; None where not reported.
     """
 
     forward_seconds: float | None = None
@@ -406,9 +406,10 @@ class EngineClient:
         """
         info = await self.server_info(timeout=timeout)
         if "forward_seconds" in info:
+            running, waiting = _int_or_none(info.get("running")), _int_or_none(info.get("waiting"))
             return BusyReading(forward_seconds=float(info["forward_seconds"]),
                                wall_seconds=float(info.get("wall_seconds", 0.0)),
-                               requests=_int_or_none(info.get("running")), waiting=_int_or_none(info.get("waiting")))
+                               requests=None if running is None else running + (waiting or 0), waiting=waiting)
         if "internal_states" in info:  # SGLang: the load is a separate route
             loads = await self._json("GET", "/get_load", timeout=timeout)
             if not isinstance(loads, list) or not all(isinstance(x, dict) and "num_reqs" in x for x in loads):

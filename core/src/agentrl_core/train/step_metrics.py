@@ -136,7 +136,7 @@ def pool_busy_metrics(pool: str, readings: dict[str, Any], previous: dict[str, t
     here); the pool's value is the mean over its engines. SGLang reports no forward time, only
     its requests at the moment of the reading (``/get_load``), so for it ``busy_fraction`` is the
     share of the pool's engines with at least one request running or waiting then. ``requests``
-    and ``waiting_requests`` sum what the engines report.
+    (running + waiting) and ``waiting_requests`` sum what the engines report.
     """
     fractions: list[float] = []
     occupied: list[float] = []
