@@ -3,7 +3,10 @@
 :class:`RunMonitor` polls, from outside the run, every ``interval`` seconds:
 
 * each engine's ``GET /get_server_info``: cumulative forward (decode + prefill) seconds,
-  running and waiting requests, paused (weight update), generated tokens;
+  running and waiting requests, paused (weight update), generated tokens. SGLang 0.5.x
+  reports none of these there (core/docs/engine.md section 5): its running and waiting
+  requests come from ``GET /get_load`` and its forward seconds are the sampled time with a
+  request running (each interval counted by the state at its start);
 * the controller's ``GET /api/list_sessions``: trajectories in flight (open sessions);
 * the CPU seconds of the run's process tree by role (engine, learner, task workers,
   controller, the driver running the agent loops, Ray; from ``/proc``: Ray workers and
@@ -93,6 +96,7 @@ class RunMonitor:
         self.engines: dict[str, list[str]] = {}
         self.controller: str | None = None
         self.samples: list[dict[str, Any]] = []
+        self._busy: dict[str, tuple[float, bool, float]] = {}  # per engine: last sample, running then, seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="run-monitor", daemon=True)
 
@@ -111,6 +115,13 @@ class RunMonitor:
         self._stop.set()
         self._thread.join(timeout=10)
 
+    def _sampled_busy(self, key: str, now: float, running: bool) -> float:
+        """Seconds with a request running, summed over the samples (an engine without forward time)."""
+        last, was_running, total = self._busy.get(key, (now, False, 0.0))
+        total += (now - last) if was_running else 0.0
+        self._busy[key] = (now, running, total)
+        return total
+
     def _loop(self) -> None:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         with httpx.Client(timeout=2.0, trust_env=False, headers=headers) as http:
@@ -127,13 +138,22 @@ class RunMonitor:
                             info = reply.json()
                         except (httpx.HTTPError, ValueError):
                             continue
-                        sample[f"engine/{pool}/{i}"] = {
-                            "forward_s": float(info["forward_seconds"]) if "forward_seconds" in info
-                            else float(info.get("busy_fraction", 0.0)) * float(info.get("uptime_s", 0.0)),
+                        key = f"engine/{pool}/{i}"
+                        if "forward_seconds" not in info and "internal_states" in info:  # SGLang
+                            try:
+                                loads = http.get(f"{url}/get_load").raise_for_status().json()
+                                waiting = sum(int(x["num_waiting_reqs"]) for x in loads)
+                                running = sum(int(x["num_reqs"]) for x in loads) - waiting
+                            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                                continue
+                            info = {**info, "running": running, "waiting": waiting,
+                                    "forward_seconds": self._sampled_busy(key, t0, running > 0)}
+                        sample[key] = {
+                            "forward_s": float(info.get("forward_seconds", 0.0)),
                             "running": int(info.get("running", 0)), "waiting": int(info.get("waiting", 0)),
                             "paused": bool(info.get("paused", False)),
                             "generated": int(info.get("generated_tokens", 0)),
-                            "version": int(info.get("weight_version", -1) if info.get("weight_version") is not None else -1),
+                            "version": _version(info.get("weight_version")),
                         }
                 if self.controller:
                     try:
@@ -142,6 +162,14 @@ class RunMonitor:
                         pass
                 self.samples.append(sample)
                 self._stop.wait(max(0.0, self.interval - (time.time() - t0)))
+
+
+def _version(value: Any) -> int:
+    """An engine's weight version as an int; -1 when absent or not numeric (SGLang sends strings, "default" at start)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1
 
 
 def learner_phases(steps: Sequence[dict[str, Any]]) -> list[tuple[float, float, str]]:

@@ -160,3 +160,52 @@ def test_engine_busy_share_by_learner_phase() -> None:
     phases = learner_phases([{"time": 4.0, "time/step_s": 4.0, "time/wait_rollout_s": 1.0, "time/train_s": 3.0}])
     out = engine_breakdown(samples, "e", 0.0, 4.0, phases)["busy_by_learner_phase"]
     assert out == {"wait_rollout": {"span_s": 1.0, "busy": 1.0}, "train": {"span_s": 3.0, "busy": round(0.5 / 3, 4)}}
+
+
+def test_monitor_reads_sglang_load_from_get_load():
+    """SGLang's /get_server_info has no forward time or request counts (the strict double answers only
+    0.5.4's fields): the monitor reads /get_load and sums the sampled time with a request running."""
+    import asyncio
+    import threading
+
+    import httpx
+
+    sys.path.insert(0, str(WORKLOADS.parents[1] / "tests" / "core"))
+    from monitor import RunMonitor
+    from sglang_double import FakeSGLang, parse_args
+
+    from agentrl_core.http.server import bind_socket, serve_app
+
+    server = FakeSGLang(parse_args(["--model-path", "none", "--api-key", "k"]))
+    server.ready_at = 0.0
+    sock = bind_socket("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    thread = threading.Thread(target=lambda: loop.run_until_complete(serve_app(server.app, sock, stop=stop)))
+    thread.start()
+    monitor = RunMonitor(os.getpid(), interval=0.05, token="k")
+    monitor.attach("http://127.0.0.1:1", {"current": [url]})
+    try:
+        with httpx.Client(headers={"Authorization": "Bearer k"}, timeout=30) as http:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if http.get(url + "/get_model_info").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            monitor.start()
+            time.sleep(0.2)
+            http.post(url + "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 120}})
+            time.sleep(0.2)
+    finally:
+        monitor.stop()
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(timeout=10)
+    engine = [s["engine/current/0"] for s in monitor.samples if "engine/current/0" in s]
+    assert engine and engine[0]["running"] == 0 and max(e["running"] for e in engine) == 1
+    # 120 tokens at 5 ms: about 0.6 s running, measured in 0.05 s samples
+    assert 0.3 < engine[-1]["forward_s"] < 1.5 and engine[-1]["running"] == 0
