@@ -429,7 +429,7 @@ async def test_busy_metric_on_sglang_reads_get_load_and_is_nonzero_while_generat
             done = anyio.Event()
 
             async def generate():
-                await client.generate([1, 2, 3], {"max_new_tokens": 100})
+                await client.generate([1, 2, 3], {"max_new_tokens": 400})  # 2 s at 5 ms a token
                 done.set()
 
             tg.start_soon(generate)
@@ -439,10 +439,20 @@ async def test_busy_metric_on_sglang_reads_get_load_and_is_nonzero_while_generat
             assert pool_busy_metrics("current", {url: await client.busy()}, {}) == {
                 "engine/current/busy_fraction": 1.0, "engine/current/requests": 1.0,
                 "engine/current/waiting_requests": 0.0}
+            # the trainer's own path (Trainer._engine_metrics over its pools) reads the same
+            from types import SimpleNamespace
+
+            from agentrl_core.jobs.training import Trainer
+
+            async with EnginePool("current", [url], token="k") as pool:
+                trainer = SimpleNamespace(engine_pools={"current": pool}, _engine_busy={},
+                                          config=SimpleNamespace(engine=SimpleNamespace(health_timeout=10)))
+                metrics = await Trainer._engine_metrics(trainer)
+            assert metrics["engine/current/busy_fraction"] == 1.0 and metrics["engine/current/requests"] == 1.0
             with anyio.fail_after(30):
                 await done.wait()
             assert (await client.busy()).requests == 0
-            assert (await client.server_info())["internal_states"][0]["last_gen_throughput"] > 0  # 100 tokens logged
+            assert (await client.server_info())["internal_states"][0]["last_gen_throughput"] > 0  # 400 tokens logged
             async with httpx.AsyncClient() as http:  # /get_load is behind the API key, as in SGLang
                 assert (await http.get(url + "/get_load")).status_code == 401
         stop.set()
