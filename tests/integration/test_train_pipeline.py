@@ -210,10 +210,16 @@ def test_faults_are_survived_and_sigint_stops_after_the_step_saving_everything(t
     assert len(workers) == 2
     os.kill(workers[0], signal.SIGKILL)
 
-    # its sessions fail when the controller next reaches it; if it had none in flight, the
-    # next sessions placed on it before it is found dead do: allow a few steps for that
+    # its sessions fail when the controller next reaches it. If it had none in flight (the
+    # rollout can be waiting on the staleness bound right after a step), no session fails: the
+    # controller finds it gone at its next contact (a start is then placed on the other worker),
+    # which its log says; the run carries on either way.
     infra_at = wait_for_metric(proc, run_dir, lambda m: m.get("rollout/failure/infra", 0.0) > 0, by_step=6)
-    assert infra_at is not None, "the sessions of the killed worker should show up as infrastructure failures"
+    if infra_at is None:
+        controller_log = (run_dir / "logs" / "controller.log").read_text()
+        assert "of task 'calc-train'" in controller_log and "is unreachable" in controller_log, \
+            "the killed worker's sessions should show up as infrastructure failures, or the controller should lose it"
+        infra_at = max(int(m["step"]) for m in metrics_of(run_dir) if "step" in m)
     engines = [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and _mentions(e, "engine", run_dir)]
     assert len(engines) == 1
     os.kill(engines[0], signal.SIGKILL)
