@@ -11,6 +11,7 @@ no service. The control plane that serves environments (worker, controller, clie
 
 from agentrl_core.env.api import Environment, ThreadedSession, ToolSession, UnknownIndexError, run_blocking
 from agentrl_core.env.episodes import Episode, play_episode, read_demonstrations, write_demonstrations
+from agentrl_core.env.replay import PrefixReplayer
 from agentrl_core.env.tools import (
     BadTurn,
     ToolCall,
@@ -28,6 +29,7 @@ from agentrl_core.types import Index, Message, Status, Step
 __all__ = [
     "BadTurn",
     "EnvError",
+    "PrefixReplayer",
     "Environment",
     "Episode",
     "Index",

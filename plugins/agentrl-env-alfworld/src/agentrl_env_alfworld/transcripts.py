@@ -29,6 +29,7 @@ from typing import Any
 from attrs import field, frozen
 
 from agentrl_core.env import Environment, Status
+from agentrl_core.env.replay import PrefixReplayer
 from agentrl_core.types import Message, Step
 
 # AgentBench task names -> our index sets.
@@ -119,45 +120,6 @@ class ReplayResult:
     got: str | None = None
 
 
-class _Player:
-    """One live session of the game; replays a prefix of turns on demand (restarting if needed)."""
-
-    def __init__(self, env: Environment, split: str, index: int) -> None:
-        self.env, self.split, self.index = env, split, index
-        self.session: Any = None
-        self.played: list[str] = []
-        self.steps: dict[tuple[str, ...], Step] = {}
-        self.env_steps = 0
-        self.first: Step | None = None
-
-    async def _restart(self) -> None:
-        await self.aclose()
-        self.session = await self.env.open(self.split, self.index)
-        self.first = await self.session.start()
-        self.played = []
-
-    async def answer(self, turns: Sequence[Message], keys: tuple[str, ...]) -> Step:
-        """The environment's step for the last of ``turns`` after playing the others."""
-        if keys in self.steps:
-            return self.steps[keys]
-        if self.session is None or tuple(self.played) != keys[:-1]:
-            await self._restart()
-            for i, turn in enumerate(turns[:-1]):
-                await self.session.step(turn)
-                self.env_steps += 1
-                self.played.append(keys[i])
-        step = await self.session.step(turns[-1])
-        self.env_steps += 1
-        self.played.append(keys[-1])
-        self.steps[keys] = step
-        return step
-
-    async def aclose(self) -> None:
-        if self.session is not None:
-            session, self.session = self.session, None
-            await session.close()
-
-
 async def replay(env: Environment, transcript: Transcript, *, max_env_steps: int = 400,
                  restore_lost_turns: bool = True) -> ReplayResult:
     """Replay ``transcript`` through ``env``; see the module docstring for the search.
@@ -166,10 +128,10 @@ async def replay(env: Environment, transcript: Transcript, *, max_env_steps: int
     answer compared with the message recorded right after it (what a naive replay does).
     """
     recorded = transcript.messages
-    player = _Player(env, transcript.split, transcript.index)
+    player = PrefixReplayer(env, transcript.split, transcript.index)
     best: dict[str, Any] = {"position": -1}
     try:
-        await player._restart()
+        await player.restart()
         assert player.first is not None
         first_ok = player.first.messages[-1].get("content") == transcript.init
         seen = {_answer_key({"role": "user", "content": transcript.init})}
@@ -205,7 +167,7 @@ def _ends_as_upstream(step: Step, transcript: Transcript) -> bool:
     return str(step.status) == transcript.status and step.reward == transcript.reward
 
 
-async def _naive(player: _Player, recorded: Sequence[Message], transcript: Transcript,
+async def _naive(player: PrefixReplayer, recorded: Sequence[Message], transcript: Transcript,
                  best: dict[str, Any]) -> Step | None:
     """Play every recorded assistant turn (until the episode ends); the final step if all agreed."""
     turns: list[Message] = []
@@ -234,7 +196,7 @@ async def _naive(player: _Player, recorded: Sequence[Message], transcript: Trans
     return None
 
 
-async def _search(player: _Player, recorded: Sequence[Message], transcript: Transcript, position: int,
+async def _search(player: PrefixReplayer, recorded: Sequence[Message], transcript: Transcript, position: int,
                   turns: list[Message], keys: tuple[str, ...], seen: set[str], best: dict[str, Any],
                   max_env_steps: int, lost: int = 0) -> Step | None:
     """Depth-first: the recorded next turn first, then lost repeats (most recent first)."""

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from attrs import field, frozen
 
 from agentrl_core.env import Environment
+from agentrl_core.env.replay import PrefixReplayer
 from agentrl_core.types import Message, Step
 
 # AgentBench task names -> our index sets.
@@ -142,49 +143,10 @@ class ReplayResult:
     got: str | None = None
 
 
-class _Player:
-    """One live session; replays a prefix of turns on demand (restarting with a new database if needed)."""
-
-    def __init__(self, env: Environment, split: str, index: int) -> None:
-        self.env, self.split, self.index = env, split, index
-        self.session: Any = None
-        self.played: list[str] = []
-        self.steps: dict[tuple[str, ...], Step] = {}
-        self.env_steps = 0
-        self.first: Step | None = None
-
-    async def restart(self) -> None:
-        await self.aclose()
-        self.session = await self.env.open(self.split, self.index)
-        self.first = await self.session.start()
-        self.played = []
-
-    async def answer(self, turns: Sequence[Message], keys: tuple[str, ...]) -> Step:
-        """The environment's step for the last of ``turns`` after playing the others."""
-        if keys in self.steps:
-            return self.steps[keys]
-        if self.session is None or tuple(self.played) != keys[:-1]:
-            await self.restart()
-            for i, turn in enumerate(turns[:-1]):
-                await self.session.step(turn)
-                self.env_steps += 1
-                self.played.append(keys[i])
-        step = await self.session.step(turns[-1])
-        self.env_steps += 1
-        self.played.append(keys[-1])
-        self.steps[keys] = step
-        return step
-
-    async def aclose(self) -> None:
-        if self.session is not None:
-            session, self.session = self.session, None
-            await session.close()
-
-
 class _Search:
     """Depth-first search for the conversation a deduplicated log was filtered from."""
 
-    def __init__(self, player: _Player, transcript: Transcript, *, max_env_steps: int, outcome: bool,
+    def __init__(self, player: PrefixReplayer, transcript: Transcript, *, max_env_steps: int, outcome: bool,
                  restore: bool = True) -> None:
         self.player, self.transcript = player, transcript
         self.restore = restore  # False: only the recorded turns, each answer the next recorded message
@@ -286,7 +248,7 @@ async def replay(env: Environment, transcript: Transcript, *, max_env_steps: int
     With ``restore_lost_turns=False`` only the recorded turns are played, each answer compared
     with the message recorded right after it (what a replay that trusts the log does).
     """
-    player = _Player(env, transcript.split, transcript.index)
+    player = PrefixReplayer(env, transcript.split, transcript.index)
     try:
         await player.restart()
         assert player.first is not None
