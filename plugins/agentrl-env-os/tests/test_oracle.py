@@ -48,6 +48,13 @@ def test_oracle_solves_the_std_subset(make_env):
                 tg.start_soon(one, index, limiter)
 
     anyio.run(main)
+    # std 56 counts the container's processes (`ps -A | wc -l`), and its check counts them again:
+    # on a loaded machine a process of the previous `docker exec` can still be exiting at one of
+    # the two counts (seen once in CI at load ~4, 4 episodes at once). Upstream has the same race;
+    # the oracle gets one more try for this task alone, on its own.
+    if results.get(56, (1.0,))[0] != 1.0:
+        limiter_one = anyio.CapacityLimiter(1)
+        anyio.run(one, 56, limiter_one)
     missed = {i: r for i, r in results.items() if r[0] != 1.0}
     assert not missed, missed
     assert len(results) == len(STD_SUBSET) and env.resource_count() == 0
