@@ -57,6 +57,29 @@ def test_every_key_of_every_section_is_listed(config_page):
     assert len(rows) > 150
 
 
+def test_every_key_has_a_description(config_page):
+    """A key added without a comment (on its line or just above) fails here, naming the key."""
+    undescribed = []
+
+    def walk(cls, prefix):
+        comments = gen_reference._field_comments(cls)
+        for field in attrs.fields(cls):
+            key = f"{prefix}.{field.name}" if prefix else field.name
+            child = gen_reference._attrs_class(cls, field)
+            item = gen_reference._item(cls, field)
+            if child is not None:
+                walk(child, key)
+            elif item is not None:
+                walk(item[0], key + item[1])
+            elif not comments.get(field.name, "").strip():
+                undescribed.append(key)
+
+    walk(config_module.Config, "")
+    assert undescribed == [], f"config keys without a description (add a # comment to the field): {undescribed}"
+    # and the page shows a description in every row
+    assert [k for k, cells in _rows(config_page).items() if not cells[2].strip()] == []
+
+
 def test_types_defaults_and_comments_come_from_the_class(config_page):
     rows = _rows(config_page)
     assert rows["rollout.n_samples"][:2] == ["`int`", "`8`"]

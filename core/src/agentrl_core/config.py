@@ -47,9 +47,10 @@ __all__ = ["Config", "load_config", "config_from_dict", "structure", "config_to_
 
 @frozen
 class RunConfig:
-    name: str = "agentrl"
+    name: str = "agentrl"  # the run's name: the run folder's name ({name} in output_dir) and the trackers' run name
+    # the run folder, where checkpoints, metrics and logs go; {name} is replaced by run.name
     output_dir: str = "runs/{name}"
-    seed: int = 0
+    seed: int = 0  # seeds the task order, sampling in the engines (seed + engine index) and SFT's shuffling
 
     @property
     def dir(self) -> Path:
@@ -58,9 +59,10 @@ class RunConfig:
 
 @frozen
 class ModelConfig:
-    path: str = ""
+    path: str = ""  # the policy's Hugging Face checkpoint folder: initial weights, tokenizer and the engines' model
     # compute dtype on GPU: the learner's FSDP params, SGLang's --dtype, the weights sent (weight_sync.dtype auto)
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    # how tool calls are read from the model's text: qwen25, hermes, qwen3, qwen3_coder or a plugin's
     tool_parser: str = "qwen25"
     chat_template: str | None = None  # a .jinja file or the template text; replaces the checkpoint's
     trust_remote_code: bool = False  # tokenizer, learner and SGLang may run the checkpoint's code
@@ -70,11 +72,13 @@ class ModelConfig:
 class TaskConfig:
     """One training or evaluation task: an environment and one of its index sets."""
 
-    env: str
-    split: str = "train"
+    env: str  # the environment plugin serving the task (db, os, alfworld, ...)
+    split: str = "train"  # the environment's index set (split) to draw samples from
+    # training only: the share of groups from this task is weight / the sum of all tasks' weights
     weight: float = field(default=1.0, validator=in_range(0.0, lo_open=True))
-    name: str | None = None
-    indices: list[int | str] | None = None
+    name: str | None = None  # the task's name in metrics (task/<name>/...); None: <env>-<split>; must be unique
+    indices: list[int | str] | None = None  # only these indices of the split; None: all of them
+    # only the first limit indices (after indices, before shuffling); None: no limit
     limit: int | None = field(default=None, validator=in_range(1))
 
     @property
@@ -87,13 +91,14 @@ class ControllerConfig:
     """The environment control plane (docs/architecture.md section 4); every duration is in seconds."""
 
     url: str | None = None  # None: start an embedded controller and workers
-    host: str = "127.0.0.1"
-    port: int = 0
+    host: str = "127.0.0.1"  # the interface an embedded controller (url None) or `agentrl controller` listens on
+    port: int = 0  # the port it listens on; 0 picks a free one
     heartbeat_interval: float = field(default=8.0, validator=in_range(0.0, lo_open=True))  # workers send
     unresponsive_after: float = field(default=11.0, validator=in_range(0.0, lo_open=True))  # no heartbeat: no new sessions
     remove_after: float = field(default=300.0, validator=in_range(0.0, lo_open=True))  # no heartbeat: forget the worker
     idle_session_timeout: float = field(default=300.0, validator=in_range(0.0, lo_open=True))  # no call: cancel
     request_timeout: float = field(default=120.0, validator=in_range(0.0, lo_open=True))  # one interact on a worker
+    # task workers an embedded controller starts for each task
     workers_per_env: int = field(default=1, validator=in_range(1))
     start_timeout: float = field(default=300.0, validator=in_range(0.0, lo_open=True))  # a worker setting up a sample
     cancel_timeout: float = field(default=30.0, validator=in_range(0.0, lo_open=True))  # a worker acknowledging a cancel
@@ -113,7 +118,7 @@ class DynamicSamplingConfig:
     filtered out before the learner, and more groups are generated to keep the batch full
     (docs/architecture.md section 6)."""
 
-    enabled: bool = False
+    enabled: bool = False  # filter out groups whose training rewards are all equal (needs rollout.n_samples >= 2)
     # at most this x batch_size groups completed per step beyond the batch (filtered ones included)
     max_extra_factor: float = field(default=1.0, validator=in_range(0.0))
     # the bound is hit short of the batch: fill it up with filtered groups (advantage 0: the step
@@ -126,22 +131,34 @@ class DynamicSamplingConfig:
 
 @frozen
 class RolloutConfig:
+    # samples per group: the rollouts of one prompt that GRPO compares
     n_samples: int = field(default=8, validator=in_range(1))
+    # groups per training step (so batch_size x n_samples trajectories)
     batch_size: int = field(default=256, validator=in_range(1))
-    concurrency: int = field(default=2048, validator=in_range(1))
+    concurrency: int = field(default=2048, validator=in_range(1))  # episodes running at once, all tasks together
+    # assistant turns per episode; reaching it ends the episode as 'task limit reached'
     max_turns: int = field(default=20, validator=in_range(1))
+    # tokens per episode, prompt included; also the engines' context length
     max_total_len: int = field(default=8192, validator=in_range(16))
+    # tokens one assistant turn may generate (less when max_total_len leaves less room)
     max_new_tokens: int = field(default=1024, validator=in_range(1))
+    # sampling temperature of the rollouts (the learner's log-probs use the same)
     temperature: float = field(default=0.8, validator=in_range(0.0, lo_open=True))
+    # nucleus sampling: keep the most likely tokens up to this probability mass; 1: off
     top_p: float = field(default=1.0, validator=in_range(0.0, 1.0, lo_open=True))
-    top_k: int = -1
+    top_k: int = -1  # keep only the k most likely tokens; -1: off
+    # the training reward of an episode the agent failed (context or turn limit, invalid action)
     incomplete_punishment: float = -0.2
-    agent_loop: str = "chat"
+    agent_loop: str = "chat"  # the agent loop that plays episodes: chat (built in) or a plugin's
     # the options of a plugin agent loop, validated by its schema (the built-in chat loop takes none)
     agent_loop_options: dict[str, Any] = field(factory=dict)
+    # the first step waits for this x the batch's trajectories (whole groups), to fill the pipeline
     warmup_factor: float = field(default=1.7, validator=in_range(1.0))
+    # new groups wait while the buffer holds this x a batch's trajectories, not yet trained
     buffer_max_factor: float = field(default=2.0, validator=in_range(1.0))
+    # re-runs of a sample after infrastructure failures before its group is dropped
     max_infra_retries: int = field(default=2, validator=in_range(0))
+    # a group is trained at most this many policy versions after the one its rollouts started on (AReaL's bound); None: none
     staleness_bound: int | None = field(default=None, validator=in_range(0))
     # the circuit breaker: this many groups dropped in a row stop the run (None: twice the larger of
     # batch_size and the groups in flight, at least 8)
@@ -155,17 +172,21 @@ class RolloutConfig:
 
 @frozen
 class HFEngineOptions:
-    max_running_requests: int = field(default=64, validator=in_range(1))
+    max_running_requests: int = field(default=64, validator=in_range(1))  # generations one engine batches at once
+    # torch threads of an engine on CPU; None: its pinned cores' free share, else torch's default
     threads: int | None = field(default=None, validator=in_range(1))
+    # the engine's weights and compute dtype; auto: the checkpoint's
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
 
 
 @frozen
 class SGLangOptions:
-    python: str = "python"
-    tp_size: int = field(default=1, validator=in_range(1))
+    python: str = "python"  # the interpreter that runs sglang.launch_server (a venv with SGLang)
+    tp_size: int = field(default=1, validator=in_range(1))  # GPUs (tensor-parallel ranks) per engine
+    # SGLang's --mem-fraction-static (GPU memory for weights and KV cache); None: SGLang's
     mem_fraction_static: float | None = field(default=None, validator=in_range(0.0, 1.0, lo_open=True))
-    extra_args: list[str] = field(factory=list)
+    extra_args: list[str] = field(factory=list)  # extra command-line arguments for sglang.launch_server
+    # seconds an engine may take to load and answer /health
     startup_timeout: float = field(default=900.0, validator=in_range(0.0, lo_open=True))
 
 
@@ -173,12 +194,17 @@ class SGLangOptions:
 class EngineConfig:
     __extra_sections__ = "options"  # a plugin driver's section (engine.vllm), validated by its schema
 
-    driver: str = "hf"
+    driver: str = "hf"  # what starts the rollout engines: hf (agentrl's engine), sglang, or a plugin's (vllm)
+    # the engines' device kind; auto: cuda when available (agentrl eval reads auto as cpu)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # engines per pool on CPU and in agentrl eval; on GPU a pool gets one engine per tp_size GPUs (1 for hf)
     num_engines: int = field(default=1, validator=in_range(1))
+    # async mode: the share of the devices (GPUs, or CPU cores) given to the engines; the rest train
     rollout_ratio: float = field(default=0.5, validator=in_range(0.0, 1.0, lo_open=True))
+    # seconds between /health probes of every engine
     health_check_interval: float = field(default=10.0, validator=in_range(0.0, lo_open=True))
     unhealthy_checks: int = field(default=3, validator=in_range(1))  # failed checks in a row: restart it
+    # engine restarts allowed in a run; one more dead engine stops it
     max_restarts: int = field(default=10, validator=in_range(0))
     # one /health probe may take this long (SGLang's own wait is 20 s)
     health_timeout: float = field(default=30.0, validator=in_range(0.0, lo_open=True))
@@ -186,6 +212,7 @@ class EngineConfig:
     request_timeout: float = field(default=900.0, validator=in_range(0.0, lo_open=True))
     hf: HFEngineOptions = field(factory=HFEngineOptions)
     sglang: SGLangOptions = field(factory=SGLangOptions)
+    # engine.<driver>: a plugin driver's section (engine.vllm), validated by its schema
     options: dict[str, Any] = field(factory=dict)
 
 
@@ -194,28 +221,35 @@ class SamplerConfig:
     __shorthand__ = "name"
     __extra_sections__ = "options"
 
-    name: str = "current"
-    options: dict[str, Any] = field(factory=dict)
+    name: str = "current"  # which engine pool generates each turn: current (the latest weights) or a plugin's (cross)
+    options: dict[str, Any] = field(factory=dict)  # sampler.<name>: the sampler's section, validated by its schema
 
 
 @frozen
 class AdvantageConfig:
     __extra_sections__ = "options"
 
-    estimator: str = "grpo"
-    normalizers: list[str] = field(factory=list)
+    estimator: str = "grpo"  # group advantage estimator: grpo, rloo, reinforce_pp_baseline or a plugin's
+    normalizers: list[str] = field(factory=list)  # advantage normalizers applied in order over the batch (plugin: task)
+    # advantage.<name>: an estimator's or normalizer's section, validated by its schema
     options: dict[str, Any] = field(factory=dict)
 
 
 @frozen
 class LossConfig:
-    name: str = "ppo_dual_clip"
+    name: str = "ppo_dual_clip"  # the policy loss: ppo_dual_clip (built in) or a plugin's
+    # PPO's clip range below 1: the ratio is clipped at 1 - clip_low
     clip_low: float = field(default=0.2, validator=in_range(0.0, lo_open=True))
+    # PPO's clip range above 1: the ratio is clipped at 1 + clip_high
     clip_high: float = field(default=0.2, validator=in_range(0.0, lo_open=True))
+    # dual clip: for negative advantages the loss is at most -c x advantage (c > 1)
     dual_clip_c: float = field(default=3.0, validator=in_range(1.0, lo_open=True))
+    # weight of the k3 KL penalty to the frozen reference; 0: off (and train.reference may be false)
     kl_coef: float = field(default=1e-4, validator=in_range(0.0))
+    # the k3 KL of each token is clamped to [-kl_clamp, kl_clamp]
     kl_clamp: float = field(default=10.0, validator=in_range(0.0, lo_open=True))
-    entropy_coef: float = 0.0
+    entropy_coef: float = 0.0  # weight of the entropy bonus subtracted from the loss; 0: off
+    # token-mean: over all loss tokens of the batch; seq-mean: each sequence's token mean, then over sequences
     aggregation: Literal["token-mean", "seq-mean"] = "token-mean"
     # off-policy correction: ppo = the ratio against the behaviour log-probs the engine reported;
     # decoupled = AReaL's decoupled PPO (clip against the proximal policy, the learner's weights before
@@ -226,38 +260,50 @@ class LossConfig:
 
 @frozen
 class OptimConfig:
-    lr: float = field(default=1e-6, validator=in_range(0.0, lo_open=True))
-    betas: list[float] = field(factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = field(default=0.0, validator=in_range(0.0))
+    lr: float = field(default=1e-6, validator=in_range(0.0, lo_open=True))  # AdamW's learning rate (after warmup)
+    betas: list[float] = field(factory=lambda: [0.9, 0.999])  # AdamW's beta1 and beta2
+    eps: float = 1e-8  # AdamW's epsilon
+    weight_decay: float = field(default=0.0, validator=in_range(0.0))  # AdamW's decoupled weight decay
+    # the gradient's global norm is clipped to this
     grad_clip: float = field(default=1.0, validator=in_range(0.0, lo_open=True))
+    # the learning rate rises linearly to lr over this many steps; 0: none
     warmup_steps: int = field(default=0, validator=in_range(0))
 
 
 @frozen
 class TrainConfig:
+    # async: engines and learner on separate devices, rollouts overlap training; sync: colocated, alternating
     mode: Literal["async", "sync"] = "async"
+    # training steps (one optimizer step each); a resumed run stops at the same total
     total_steps: int = field(default=100, validator=in_range(1))
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # where the learner and the engines run; auto: cuda if available
+    # learner ranks (FSDP); one device (GPU, or set of CPU cores) each
     world_size: int = field(default=1, validator=in_range(1))
+    # the token budget of one micro-batch, counted as micro_batch_layout lays it out
     max_tokens_per_micro_batch: int = field(default=8192, validator=in_range(1))
     micro_batch_layout: Literal["packed", "padded"] = "packed"  # packed: no padding (core/docs/learner.md)
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, more compute
     reference: bool = True  # keep a frozen reference model (needed when kl_coef > 0)
+    # save a checkpoint every N steps (and at the end); 0: never
     checkpoint_every: int = field(default=50, validator=in_range(0))
+    # checkpoints kept in <run dir>/checkpoints; older ones are deleted
     keep_checkpoints: int = field(default=3, validator=in_range(1))
     save_hf_model: bool = False  # also a Hugging Face copy of the weights in every checkpoint (<checkpoint>/hf)
     final_model: bool = True  # write the trained policy as a Hugging Face folder, <run dir>/final_model, at the end
+    # validate on eval_tasks every N steps (and at the end); 0: only at the end
     eval_every: int = field(default=0, validator=in_range(0))
     eval_tasks: list[TaskConfig] = field(factory=list)
 
 
 @frozen
 class WeightSyncConfig:
+    # how weights reach the engines: collective (torch.distributed), disk, or a plugin's (vllm_nccl)
     transport: str = "collective"
+    # the collective's backend; auto: nccl when CUDA is available, else gloo
     backend: Literal["auto", "gloo", "nccl"] = "auto"
+    # MiB of tensors sent per broadcast bucket
     bucket_mb: float = field(default=512.0, validator=in_range(0.0, lo_open=True))
-    disk_path: str | None = None
+    disk_path: str | None = None  # the disk transport's folder, readable by every engine (required for disk)
     timeout_s: float = field(default=600.0, validator=in_range(0.0, lo_open=True))  # the deadline of a whole connect/sync
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: model.dtype on GPU, float32 on CPU
 
@@ -265,12 +311,15 @@ class WeightSyncConfig:
 @frozen
 class LaunchConfig:
     address: str | None = None  # Ray cluster address; None starts a local Ray
-    use_ray: bool = True
+    use_ray: bool = True  # not read: agentrl train always places its learner and engines with Ray
+    # CPU cores to use (the first ones this process may run on) and Ray's CPUs; None: all
     num_cpus: int | None = field(default=None, validator=in_range(1))
+    # GPUs to use (the first ones) and Ray's GPUs; None: all
     num_gpus: int | None = field(default=None, validator=in_range(0))
     # custom Ray resources every learner-rank / engine bundle also asks for, to pin them to nodes
     # that advertise them (ray start --resources '{"trainer": 8}')
     learner_resources: dict[str, float] = field(factory=dict)
+    # the same for every engine bundle: engines go to nodes with these resources
     engine_resources: dict[str, float] = field(factory=dict)
 
 
@@ -278,9 +327,11 @@ class LaunchConfig:
 class LoggingConfig:
     __extra_sections__ = "options"
 
+    # where each step's metrics go: jsonl (metrics.jsonl), tensorboard, or a plugin's (mlflow, wandb, trackio)
     loggers: list[str] = field(factory=lambda: ["jsonl"])
+    # decoded rollouts written to samples.jsonl each step (best and worst per task); 0: none
     sample_rollouts: int = field(default=2, validator=in_range(0))
-    progress: bool = True
+    progress: bool = True  # print a line per step and a live panel on the console
     # <run dir>/trajectories.sqlite: every trained trajectory with its tokens (core/docs/observability.md)
     trajectory_store: bool = True
     trajectory_store_max_steps: int = field(default=100, validator=in_range(1))  # older steps are deleted
@@ -292,8 +343,9 @@ class SFTConfig:
     """``agentrl sft``: supervised cold start on demonstrations (message-level JSONL)."""
 
     data: list[str] = field(factory=list)  # demonstration files, e.g. written by `agentrl demos`
-    epochs: int = field(default=1, validator=in_range(1))
+    epochs: int = field(default=1, validator=in_range(1))  # passes over the demonstrations
     batch_size: int = field(default=32, validator=in_range(1))  # sequences per optimizer step
+    # AdamW's learning rate for SFT (the rest of optim applies)
     lr: float = field(default=1e-5, validator=in_range(0.0, lo_open=True))
     min_reward: float | None = None  # keep only demonstrations with at least this reward
     output_dir: str | None = None  # None: <run dir>/sft_model
@@ -303,8 +355,8 @@ class SFTConfig:
 class EvalModelConfig:
     """One named model of an evaluation: a checkpoint to launch engines for, or running engines."""
 
-    path: str | None = None
-    urls: list[str] = field(factory=list)
+    path: str | None = None  # a checkpoint folder to start engines for; None with no urls: model.path
+    urls: list[str] = field(factory=list)  # running engines to use instead of starting some
 
 
 @frozen
@@ -312,9 +364,11 @@ class EvalConfig:
     """``agentrl eval``: which tasks, how many repeats, which models, and how to combine them."""
 
     tasks: list[TaskConfig] = field(factory=list)  # empty: train.eval_tasks
-    repeats: int = field(default=1, validator=in_range(1))
+    repeats: int = field(default=1, validator=in_range(1))  # times each index is played (per model); pass@k uses them
+    # single: each model alone; mix: repeat r by model r mod M; cross: each turn's model by the cross sampler
     mode: Literal["single", "mix", "cross"] = "single"
     models: dict[str, EvalModelConfig] = field(factory=dict)  # empty: {"default": model.path}
+    # episodes running at once (also train.eval_tasks' validation)
     concurrency: int = field(default=64, validator=in_range(1))
     temperature: float | None = field(default=None, validator=in_range(0.0))  # None: rollout.temperature
     output_dir: str | None = None  # None: <run dir>/eval
@@ -324,8 +378,8 @@ class EvalConfig:
 class GatewayConfig:
     """The OpenAI-compatible training gateway (``agentrl gateway``; core/docs/gateway.md). Durations in seconds."""
 
-    host: str = "127.0.0.1"
-    port: int = field(default=0, validator=in_range(0, 65535))
+    host: str = "127.0.0.1"  # the interface the gateway listens on
+    port: int = field(default=0, validator=in_range(0, 65535))  # the port it listens on; 0 picks a free one
     served_model_name: str | None = None  # None: the model directory's name (any name is accepted in requests)
     chat_template: str = "hf"  # a chat template plugin: hf (the tokenizer's, or model.chat_template), qwen3, ...
     tool_parser: str | None = None  # None: model.tool_parser
@@ -338,13 +392,14 @@ class GatewayConfig:
     # <think> block) starts a new sample from the template's rendering; keep_history: keep what the model
     # wrote and append (the chat loop's on_template_rewrite)
     on_template_rewrite: Literal["fork", "keep_history"] = "fork"
+    # the Retry-After of a 429 while weights update (reject, or a call aborted too often under hold)
     retry_after_s: float = field(default=2.0, validator=in_range(0.0, lo_open=True))
     idle_timeout: float = field(default=300.0, validator=in_range(0.0, lo_open=True))  # no call: the session expires
     max_duration: float = field(default=3600.0, validator=in_range(0.0, lo_open=True))  # a session's whole life
     finished_ttl: float = field(default=600.0, validator=in_range(0.0))  # an ended session's record is kept
     replay_window: int = field(default=8, validator=in_range(1))  # recent calls per session a retry can replay
     max_abort_retries: int = field(default=100, validator=in_range(0))  # hold: resend a call aborted by updates
-    max_body_bytes: int = field(default=64 * 1024 * 1024, validator=in_range(1024))
+    max_body_bytes: int = field(default=64 * 1024 * 1024, validator=in_range(1024))  # larger requests get 413
     export: str | None = None  # append every ended session's record (tokens included) to this JSONL file
 
 
@@ -358,7 +413,7 @@ class AgentConfig:
     name: str | None = None  # an agentrl_agent_programs name, "module:function" or "file.py:function"
     # a program written as a plain (blocking) function runs in threads; at most this many at once
     threads: int = field(default=64, validator=in_range(1))
-    options: dict[str, Any] = field(factory=dict)
+    options: dict[str, Any] = field(factory=dict)  # agent.<name>: the agent program's section, validated by its schema
 
     @property
     def is_reference(self) -> bool:
@@ -371,6 +426,7 @@ class Config:
     run: RunConfig = field(factory=RunConfig)
     model: ModelConfig = field(factory=ModelConfig)
     tasks: list[TaskConfig] = field(factory=list)
+    # environments.<env>: an environment's section, validated by the plugin's schema
     environments: dict[str, Any] = field(factory=dict)
     controller: ControllerConfig = field(factory=ControllerConfig)
     rollout: RolloutConfig = field(factory=RolloutConfig)
