@@ -59,6 +59,8 @@ KNOWN_PROVIDERS: dict[tuple[str, str], str] = {
     ("rollout_engine", "vllm"): "agentrl-engine-vllm",
     ("weight_sync_transport", "vllm_nccl"): "agentrl-engine-vllm",
     ("logger", "mlflow"): "agentrl-logger-mlflow",
+    ("logger", "wandb"): "agentrl-logger-wandb",
+    ("logger", "trackio"): "agentrl-logger-trackio",
 }
 
 
