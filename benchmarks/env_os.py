@@ -65,12 +65,12 @@ SIZE_MATCH_DEFECT = (
 KNOWN_CAUSES = {
     ("dev", 8): SIZE_MATCH_DEFECT,
     ("train", 390): SIZE_MATCH_DEFECT,
-    ("std", 26): "sandbox limit: the init script `echo 123321>/var/tmp.log` redirects file descriptor 123321, but this "
+    ("std", 22): "sandbox limit: the init script `echo 123321>/var/tmp.log` redirects file descriptor 123321, but this "
         "machine caps open files at 20000 (no CAP_SYS_RESOURCE, so dockerd cannot raise it); upstream hosts allow "
         "1048576. tests/ci_setup.sh raises the limit where the kernel permits; environments.os.open_files sets it "
         "per container where the host allows.",
 }
-QUICK_SUBSET = [0, 5, 7, 9, 11, 12, 13, 14, 16, 17, 18, 21, 22, 24, 27, 28, 34, 35, 36, 37, 38, 39, 42, 44, 47,
+QUICK_SUBSET = [0, 5, 7, 9, 11, 12, 13, 14, 16, 17, 18, 19, 21, 23, 29, 30, 31, 33, 35, 37, 38, 39, 42, 44, 47,
                 49, 52, 55, 56, 60]
 
 
@@ -468,6 +468,9 @@ def fidelity(distros: list[str], transcripts: str | None, models: list[str] | No
                 by_model.setdefault(r.episode.model, []).append(r)
             section["replay"] = {
                 "seconds": round(time.monotonic() - t0, 1),
+                # Recorded episodes whose first message is not our task of that index (left out): 0
+                # since std follows upstream's file order.
+                "prompt_mismatches": len(fid.prompt_mismatches(OSEnvironment(OSConfig(distro=distro)), recorded)),
                 "all": fid.summarize(results),
                 "by_model": {m: fid.summarize(rs) for m, rs in sorted(by_model.items())},
                 # Which episodes differ (the recorded text is third-party data and stays out of the file).

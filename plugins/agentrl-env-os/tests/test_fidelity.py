@@ -3,7 +3,9 @@ and the helpers that compare recorded runs (agentrl_env_os.fidelity)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import anyio
 import pytest
@@ -52,14 +54,30 @@ def test_compare_output(upstream, ours, expected):
     assert fidelity.compare_output(upstream, ours) == expected
 
 
-def test_index_map_places_upstreams_file_order(tmp_path):
-    """Upstream numbers task files in the file system's order; a file's offset comes from any of
-    its tasks whose description is unique, and places its other tasks as well."""
+def test_std_indices_are_the_tasks_upstreams_runs_numbered_so():
+    """Every std index sends the first message that upstream's recorded runs show for that index
+    (data/4 in upstream's glob order, tasks.UPSTREAM_FILE_ORDER; sorted names would differ at 18-36)."""
+    recorded = json.loads((Path(__file__).parent / "data" / "upstream_std_prompts.json").read_text())["sha256_by_index"]
     tasks = load_split("std")
-    q30 = [t for t in tasks if t.source.endswith("4/Q30.json")]
-    assert len(q30) == 6 and q30[4].description == q30[5].description  # ambiguous on their own
+    ours = {str(t.index): hashlib.sha256(USER_PROMPT.format(description=t.description).encode()).hexdigest()
+            for t in tasks}
+    assert len(recorded) == 144
+    assert [i for i in recorded if recorded[i] != ours[i]] == []
+
+
+def test_a_custom_data_4_folder_is_numbered_in_sorted_order(tmp_path):
+    from agentrl_env_os.tasks import _files
+
+    (tmp_path / "data" / "4").mkdir(parents=True)
+    for name in ("Q49.json", "N11.json", "A.json"):
+        (tmp_path / "data" / "4" / name).write_text("[]")
+    assert _files(tmp_path, "data/4/*.json") == ["data/4/A.json", "data/4/N11.json", "data/4/Q49.json"]
+
+
+def test_replays_leave_out_episodes_whose_first_message_is_another_task(tmp_path):
+    tasks = load_split("std")
     records = []
-    for task, upstream_index in ((q30[0], 23), (q30[5], 28), (tasks[13], 13)):
+    for upstream_index, task in ((18, tasks[18]), (19, tasks[20]), (13, tasks[13])):  # 19 is sent 20's message
         messages = [{"role": "system", "content": "s"},
                     {"role": "user", "content": USER_PROMPT.format(description=task.description)}]
         records.append({"index": upstream_index, "output": {
@@ -68,15 +86,13 @@ def test_index_map_places_upstreams_file_order(tmp_path):
     folder.mkdir(parents=True)
     (folder / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     episodes = fidelity.read_runs(tmp_path)
-    assert [(e.model, e.index) for e in episodes] == [("model-a", 23), ("model-a", 28), ("model-a", 13)]
+    assert [(e.model, e.index) for e in episodes] == [("model-a", 18), ("model-a", 19), ("model-a", 13)]
 
     class Tasks:
         def tasks(self, split):
             return tasks
 
-    mapping = fidelity.index_map(Tasks(), episodes)
-    assert [mapping[23 + i] for i in range(6)] == [t.index for t in q30]
-    assert mapping[13] == 13
+    assert fidelity.prompt_mismatches(Tasks(), episodes) == [("model-a", 19)]
 
 
 # -- with Docker -------------------------------------------------------------------------------------
@@ -84,7 +100,7 @@ def test_index_map_places_upstreams_file_order(tmp_path):
 
 @pytest.mark.docker
 def test_the_agents_shell_starts_after_the_init_scripts(make_env):
-    """std 31/32 (4/Q30.json): the init writes a ~/.bashrc that adds three PATH entries (one
+    """std 26/27 (4/Q30.json): the init writes a ~/.bashrc that adds three PATH entries (one
     existing); upstream's agents saw 9 entries, 7 of them directories."""
     env = make_env()
 
@@ -98,8 +114,8 @@ def test_the_agents_shell_starts_after_the_init_scripts(make_env):
             await session.close()
 
     async def main():
-        return (await ask(31, "echo $PATH | tr ':' '\\n' | wc -l"),
-                await ask(32, fidelity.PROBES["path_existing_dirs"]))
+        return (await ask(26, "echo $PATH | tr ':' '\\n' | wc -l"),
+                await ask(27, fidelity.PROBES["path_existing_dirs"]))
 
     assert anyio.run(main) == ("The output of the OS:\n\n9\n", "The output of the OS:\n\n7\n")
 
@@ -141,7 +157,7 @@ def test_open_files_limit(make_env):
             await session.close()
 
     assert anyio.run(limit, make_env(open_files=4096, warm_pool=0)) == "The output of the OS:\n\n4096\n"
-    # std 26 needs more than 123321; a host that forbids raising the limit says which key to change.
+    # std 22 needs more than 123321; a host that forbids raising the limit says which key to change.
     try:
         high = anyio.run(limit, make_env(open_files=200_000, warm_pool=0))
     except DockerUnavailable as exc:

@@ -35,12 +35,12 @@ def test_index_sets_have_upstream_sizes_and_order():
     # data/1/stock.json (7) + data/2/environment.json (5) + data/3/ac.json (6) come first.
     assert [t.source for t in std[:7]] == ["data/1/stock.json"] * 7
     assert std[16].source == "data/3/ac.json" and std[16].index_in_file == 4 and std[16].image == "packages"
-    # data/4 in sorted file order: N11, N225, N37, N4, N41 (4 tasks), Q09, ...
-    assert [std[i].source for i in (18, 19, 20, 21, 22, 26)] == [
-        "data/4/N11.json", "data/4/N225.json", "data/4/N37.json", "data/4/N4.json", "data/4/N41.json", "data/4/Q09.json"
+    # data/4 in upstream's glob order: Q49 (2 tasks), N225, N11, Q09, Q30 (6), Q19, Q47, N41 (4), N4, N37.
+    assert [std[i].source.removeprefix("data/4/") for i in (18, 20, 21, 22, 23, 29, 30, 31, 35, 36)] == [
+        "Q49.json", "N225.json", "N11.json", "Q09.json", "Q30.json", "Q19.json", "Q47.json", "N41.json", "N4.json", "N37.json"
     ]
-    assert std[21].start is not None and std[21].start.code.endswith("su - jack")
-    assert std[21].match == {"answer": "love", "strip": True}
+    assert std[35].start is not None and std[35].start.code.endswith("su - jack")
+    assert std[35].match == {"answer": "love", "strip": True}
     assert [t.source for t in std[56:]] == ["data/7/bootstrap.json"] * 88
     assert all(t.index == i for i, t in enumerate(std))
 
@@ -149,7 +149,7 @@ def test_oracle_plans():
     done = OSOracle(std[49]).act([{"role": "assistant"}, {"role": "tool", "content": "The output of the OS is empty."}])
     assert done["tool_calls"][0]["function"]["name"] == "finish_action"
     # A match task without example: the expected answer at once.
-    assert OSOracle(std[22]).act([])["tool_calls"][0]["function"]["arguments"] == '{"answer": "no"}'
+    assert OSOracle(std[31]).act([])["tool_calls"][0]["function"]["arguments"] == '{"answer": "no"}'
     # error_rate=1 always errs: a wrong integer.
     wrong = OSOracle(std[0], error_rate=1.0, seed=3).act([{"role": "assistant"}, {"role": "tool", "content": "The output of the OS:\n\n42"}])
     assert wrong["tool_calls"][0]["function"]["arguments"] == '{"answer": "43"}'

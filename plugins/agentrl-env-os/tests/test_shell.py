@@ -102,7 +102,7 @@ def test_wrong_answer_scores_zero_and_finish_uses_the_thought(make_env):
     env = make_env()
 
     async def main():
-        session = await env.open("std", 22)  # match "no"
+        session = await env.open("std", 31)  # match "no"
         try:
             await session.start()
             step = await session.step(assistant_tool_call("finish_action", {"thought": "no"}))

@@ -51,12 +51,12 @@ PROBE_TASK = 13  # std 13 ("How many groups are in this UNIX system?"): default 
 # What upstream's runs printed for a task's own check command (the example script, or the same
 # command typed by an agent), in containers of upstream's images after the task's init scripts.
 # From third-party AgentBench-FC runs of 2026-02 (runs.jsonl of four ollama models), which agree.
-# Keys are our std indices (upstream's runs number the same tasks 7, 13, 26, 27, 43, 46).
+# Keys are std indices (upstream's and ours: the same tasks since tasks.UPSTREAM_FILE_ORDER).
 UPSTREAM_OBSERVED: dict[int, dict[str, str]] = {
     7: {"command": "executables in PATH (find ... -type f -executable | wc -l)", "output": "556"},
     13: {"command": "getent group | wc -l", "output": "40"},
-    31: {"command": "echo $PATH | tr ':' '\\n' | wc -l (after the init's ~/.bashrc)", "output": "9"},
-    32: {"command": "existing directories in $PATH (after the init's ~/.bashrc)", "output": "7"},
+    26: {"command": "echo $PATH | tr ':' '\\n' | wc -l (after the init's ~/.bashrc)", "output": "9"},
+    27: {"command": "existing directories in $PATH (after the init's ~/.bashrc)", "output": "7"},
     43: {"command": "find /usr -type f -size 0 | wc -l", "output": "49"},
     46: {"command": "find /usr -type f -mtime -1 | wc -l", "output": "3"},
 }
@@ -101,7 +101,7 @@ async def example_outputs(env: OSEnvironment, indices: Iterable[int], *, concurr
         async with limiter:
             try:
                 session = await _opened(env, split, index)
-            except Exception as exc:  # an init script that cannot run here (std 26's file descriptor)
+            except Exception as exc:  # an init script that cannot run here (std 22's file descriptor)
                 results[index] = f"<setup failed: {type(exc).__name__}: {str(exc)[:160]}>"
                 return
             try:
@@ -150,22 +150,14 @@ def read_runs(folder: str | Path, task: str = "os-std") -> list[RecordedEpisode]
     return found
 
 
-def index_map(env: OSEnvironment, episodes: Iterable[RecordedEpisode]) -> dict[int, int]:
-    """Upstream's std index -> ours. Upstream numbers the task files in the file system's order,
-    we in sorted order; within a file the order is the same. A recorded first message that fits
-    one task fixes its file's offset, which places the file's other tasks too."""
+def prompt_mismatches(env: OSEnvironment, episodes: Iterable[RecordedEpisode]) -> list[tuple[str, int]]:
+    """(model, index) of the recorded episodes whose first user message is not the one our std task
+    of that index sends: none when our numbering is upstream's (tasks.UPSTREAM_FILE_ORDER)."""
     from agentrl_env_os.env import USER_PROMPT
 
     tasks = env.tasks("std")
-    by_prompt: dict[str, list] = {}
-    for task in tasks:
-        by_prompt.setdefault(USER_PROMPT.format(description=task.description), []).append(task)
-    offsets: dict[str, int] = {}
-    for episode in episodes:
-        candidates = by_prompt.get(episode.prompt, [])
-        if len(candidates) == 1:
-            offsets.setdefault(candidates[0].source, episode.index - candidates[0].index_in_file)
-    return {offsets[t.source] + t.index_in_file: t.index for t in tasks if t.source in offsets}
+    return [(e.model, e.index) for e in episodes
+            if not 0 <= e.index < len(tasks) or USER_PROMPT.format(description=tasks[e.index].description) != e.prompt]
 
 
 def normalized(content: str) -> str:
@@ -360,22 +352,23 @@ async def replay(env: OSEnvironment, episode: RecordedEpisode, index: int, *, re
 
 async def replay_all(env: OSEnvironment, episodes: Sequence[RecordedEpisode], *, concurrency: int = 4,
                      restore_lost_turns: bool = True) -> list[ReplayResult]:
-    """Replay the episodes whose task is placed by :func:`index_map` (the others are left out)."""
+    """Replay each episode on our std task of the same index; one whose first message is not that
+    task's (:func:`prompt_mismatches`) is left out."""
     results: list[ReplayResult] = []
     limiter = anyio.CapacityLimiter(concurrency)
-    ours = index_map(env, episodes)
+    mismatched = set(prompt_mismatches(env, episodes))
 
     async def one(episode: RecordedEpisode) -> None:
         async with limiter:
             try:
-                results.append(await replay(env, episode, ours[episode.index], restore_lost_turns=restore_lost_turns))
-            except Exception as exc:  # setup failed here (e.g. std 26's file descriptor)
+                results.append(await replay(env, episode, episode.index, restore_lost_turns=restore_lost_turns))
+            except Exception as exc:  # setup failed here (e.g. std 22's file descriptor)
                 results.append(ReplayResult(episode, ["different"], "task error", 0.0,
                                             {"command": "(setup)", "upstream": episode.status, "ours": str(exc)[:300]}))
 
     async with anyio.create_task_group() as tg:
         for episode in episodes:
-            if episode.index in ours:
+            if (episode.model, episode.index) not in mismatched:
                 tg.start_soon(one, episode)
     return sorted(results, key=lambda r: (r.episode.model, r.episode.index))
 

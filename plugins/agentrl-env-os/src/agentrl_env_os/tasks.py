@@ -17,7 +17,8 @@ its quirks: ``create`` given as a list means the default image and no init scrip
 Index sets (index i is upstream's integer index i):
 
 * ``std``: ``data/1..7/*.json`` (144 tasks). Upstream numbers tasks in ``glob`` order, which
-  is the file system's order; we sort the file names so the numbering is reproducible.
+  is the order the file system lists a folder in; only ``data/4`` has more than one file, and its
+  order is :data:`UPSTREAM_FILE_ORDER`, the one every recorded upstream run shows (see there).
 * ``dev``: ``data/dev.json`` (26), scripts from ``scripts/dev``.
 * ``train``: ``train_0317/training.json`` (1,000), scripts from ``scripts/7``.
 """
@@ -90,6 +91,19 @@ SPLITS: dict[str, tuple[SplitSource, ...]] = {
 }
 
 
+# The order upstream's ``glob.glob("data/4/*.json")`` listed the files in, so upstream's std 18-36.
+# ``glob`` follows the file system (ext4 lists a folder in the order of its name hashes, seeded per
+# file system), so this is not derivable from the names: it is read from the recorded AgentBench-FC
+# runs (gautham1419/Agent-bench-lab outputs/, four runs with messages from 2026-01-29 to 2026-02-05,
+# 1,104 episodes), whose first user message names the task of every std index; all runs agree, and
+# with this order every one of the 144 indices is the recorded task (a test checks it against
+# tests/data/upstream_std_prompts.json, the messages' sha256).
+UPSTREAM_FILE_ORDER: dict[str, tuple[str, ...]] = {
+    "data/4": ("Q49.json", "N225.json", "N11.json", "Q09.json", "Q30.json", "Q19.json", "Q47.json",
+               "N41.json", "N4.json", "N37.json"),
+}
+
+
 def data_root(override: str | None = None) -> Path:
     """The folder holding ``data/``, ``scripts/`` and ``train_0317/`` (see agentrl_core.datafiles)."""
     marker = locate("data/dev.json", package=PACKAGE, subdir="os", override=override)
@@ -99,7 +113,12 @@ def data_root(override: str | None = None) -> Path:
 def _files(root: Path, pattern: str) -> list[str]:
     if "*" not in pattern:
         return [pattern]
-    return sorted(str(p.relative_to(root)) for p in root.glob(pattern))
+    found = sorted(str(p.relative_to(root)) for p in root.glob(pattern))
+    folder = pattern.rsplit("/", 1)[0]
+    upstream = [f"{folder}/{name}" for name in UPSTREAM_FILE_ORDER.get(folder, ())]
+    # A folder holding exactly upstream's files is numbered as upstream's runs number it; any
+    # other set of files (a custom data_dir) in sorted order, reproducible everywhere.
+    return upstream if sorted(upstream) == found else found
 
 
 def _read_checked(root: Path, relpath: str) -> str:
