@@ -22,6 +22,7 @@ Needs agentrl-env-os installed and the Docker engine with the task images
 The machine is shared: the load average before and after each phase is recorded.
 
     python benchmarks/env_os.py --fidelity [--transcripts DIR] [--models a,b] [--distros ubuntu,debian]
+                                [--replay-only] [--indices 18-36]
 
 measures instead how close the containers come to upstream's (``agentrl_env_os.fidelity``), for
 the images of each distribution (``ubuntu``, the default, and ``debian``, the earlier one; missing
@@ -424,13 +425,16 @@ async def leak_run(episodes: int, concurrency: int, seed: int = 0) -> dict:
 # -- fidelity to upstream's containers ---------------------------------------------------------
 
 
-def fidelity(distros: list[str], transcripts: str | None, models: list[str] | None, concurrency: int) -> dict:
+def fidelity(distros: list[str], transcripts: str | None, models: list[str] | None, concurrency: int,
+             replay_only: bool = False, indices: range | None = None) -> dict:
     from agentrl_env_os import fidelity as fid
 
     out: dict = {"distros": {}}
     recorded = fid.read_runs(transcripts) if transcripts else []
     if models:
         recorded = [e for e in recorded if e.model in models]
+    if indices is not None:
+        recorded = [e for e in recorded if e.index in indices]
     examples = {}
 
     def measure(distro: str, fn) -> object:
@@ -449,16 +453,17 @@ def fidelity(distros: list[str], transcripts: str | None, models: list[str] | No
         builder = ImageBuilder(api, distro=distro, say=lambda s: print("  " + s, flush=True))
         builder.build(IMAGE_NAMES)
         section: dict = {"images": {n: builder.ref(n) for n in IMAGE_NAMES}, "load_before": load()}
-        print(f"{distro}: probes ...", flush=True)
-        section["probes"] = measure(distro, fid.probe)
-        print(f"{distro}: example scripts of the std tasks ...", flush=True)
-        t0 = time.monotonic()
-        examples[distro] = measure(distro, lambda env: fid.example_outputs(env, range(144), concurrency=concurrency))
-        section["example_seconds"] = round(time.monotonic() - t0, 1)
-        section["example_outputs"] = examples[distro]
-        section["upstream_observed"] = fid.upstream_agreement(examples[distro])
-        print(f"  upstream's printed values: {section['upstream_observed']['same']}/{section['upstream_observed']['of']}",
-              flush=True)
+        if not replay_only:
+            print(f"{distro}: probes ...", flush=True)
+            section["probes"] = measure(distro, fid.probe)
+            print(f"{distro}: example scripts of the std tasks ...", flush=True)
+            t0 = time.monotonic()
+            examples[distro] = measure(distro, lambda env: fid.example_outputs(env, range(144), concurrency=concurrency))
+            section["example_seconds"] = round(time.monotonic() - t0, 1)
+            section["example_outputs"] = examples[distro]
+            section["upstream_observed"] = fid.upstream_agreement(examples[distro])
+            print(f"  upstream's printed values: {section['upstream_observed']['same']}/"
+                  f"{section['upstream_observed']['of']}", flush=True)
         if recorded:
             print(f"{distro}: replaying {len(recorded)} recorded episodes ...", flush=True)
             t0 = time.monotonic()
@@ -482,12 +487,19 @@ def fidelity(distros: list[str], transcripts: str | None, models: list[str] | No
                   f"commands {a['command_outputs']}", flush=True)
         section["load_after"] = load()
         out["distros"][distro] = section
-    if len(distros) == 2:
+    if len(examples) == 2:
         out["example_outputs_compared"] = fid.compare_examples(*(examples[d] for d in distros))
     return out
 
 
 # -- main --------------------------------------------------------------------------------------
+
+
+def index_range(text: str | None) -> range | None:
+    if not text:
+        return None
+    first, _, last = text.partition("-")
+    return range(int(first), int(last or first) + 1)
 
 
 def docker_info() -> dict:
@@ -506,15 +518,19 @@ def main() -> int:
     parser.add_argument("--distros", default="debian,ubuntu", help="with --fidelity: image distributions to measure")
     parser.add_argument("--transcripts", help="with --fidelity: a folder of AgentBench-FC run logs to replay")
     parser.add_argument("--models", help="with --transcripts: only these model folders (comma-separated)")
+    parser.add_argument("--replay-only", action="store_true", help="with --transcripts: only the replay (no probes, "
+                        "no example scripts)")
+    parser.add_argument("--indices", help="with --transcripts: only these upstream std indices, e.g. 18-36")
     args = parser.parse_args()
     if args.fidelity:
         out = Path(args.out or ROOT / "benchmarks" / "results" / "env_os_fidelity.json")
         result = {"benchmark": "env_os_fidelity",
                   "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "docker": docker_info()},
-                  "transcripts": bool(args.transcripts),
+                  "transcripts": bool(args.transcripts), "replay_only": args.replay_only, "indices": args.indices,
                   **fidelity(args.distros.split(","), args.transcripts,
-                             args.models.split(",") if args.models else None, concurrency=4)}
+                             args.models.split(",") if args.models else None, concurrency=4,
+                             replay_only=args.replay_only, indices=index_range(args.indices))}
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {out}")
