@@ -13,8 +13,9 @@ from agentrl_env_db.sqlite_compat import translate_literals
 from agentrl_core.env import Status, assistant_tool_call, play_episode
 
 # std samples the oracle cannot solve on SQLite, and why (see the README).
+# std 180 (gold SQL names the table 1952_British_Grand_Prix_0 unquoted) passes since names that
+# start with a digit are quoted as MySQL reads them.
 SQLITE_STD_MISSES = {
-    180: "gold SQL names the table 1952_British_Grand_Prix_0 unquoted: SQLite identifiers cannot start with a digit",
     225: "the stored hash matches neither the table before nor after the gold UPDATE (upstream data)",
 }
 
@@ -43,7 +44,6 @@ def test_oracle_on_every_split():
 
     std, dev, gen = anyio.run(main)
     assert set(std) == set(SQLITE_STD_MISSES)
-    assert "unrecognized token" in std[180].messages[-2]["content"]
     assert dev == {} and gen == {}
 
 

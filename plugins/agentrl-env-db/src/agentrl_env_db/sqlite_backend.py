@@ -58,6 +58,7 @@ def connect_memory(max_mb: int = 256) -> sqlite3.Connection:
     conn.create_function("md5", 1, compat.md5, deterministic=True)
     conn.create_function("concat", -1, compat.concat, deterministic=True)
     conn.create_function("concat_ws", -1, compat.concat_ws, deterministic=True)
+    conn.create_function("mysql_num", 1, compat.mysql_num, deterministic=True)
     return conn
 
 
@@ -106,7 +107,11 @@ class SQLiteHandle(Handle):
             conn.set_progress_handler(self._progress, _PROGRESS_STEPS)
             cursor = conn.cursor()
             try:
-                cursor.execute(compat.translate_literals(sql))
+                try:
+                    translated = compat.translate(sql)
+                except compat.MySQLSyntaxError as exc:  # refused as MySQL 8 refuses it
+                    return QueryResult(cut(str(exc), config.output_limit), error=True)
+                cursor.execute(translated)
                 if cursor.description is not None:
                     while True:
                         batch = cursor.fetchmany(100)
