@@ -55,8 +55,6 @@ JIU = "`Jiu-Jitsu Championships Results`"
 KNOWN_CAUSES = {
     ("std", 225): "upstream data: the stored hash matches neither the table before nor after the gold UPDATE "
                   "(PROVENANCE.md)",
-    ("std", 180): "SQLite only: the gold SQL names the table 1952_British_Grand_Prix_0 unquoted; SQLite "
-                  "identifiers cannot start with a digit (MySQL accepts it)",
 }
 
 
@@ -341,8 +339,18 @@ def replay_main(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
+    # Per model, the backends next to each other: agree / answers agree / status / reward.
+    sections = report["backends"]
+    keys = ("agree", "observations_agree", "status_agrees", "reward_agrees")
+    models = sorted({m for section in sections.values() for m in section["models"]})
+    report["side_by_side"] = {m: {b: [sections[b]["models"][m][k] for k in keys] for b in sections
+                                  if m in sections[b]["models"]} for m in models}
+    report["side_by_side"]["all"] = {b: [sections[b]["all"][k] for k in keys] for b in sections}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
+    print("model: " + " | ".join(f"{b} agree/answers/status/reward" for b in sections))
+    for model, row in report["side_by_side"].items():
+        print(f"{model}: " + " | ".join("/".join(map(str, row.get(b, []))) for b in sections))
     for backend, section in report["backends"].items():
         for model, row in section["models"].items():
             naive = section["without_restoring"]["models"][model]

@@ -63,3 +63,21 @@ def test_training_table_takes_each_task_from_the_steps_that_had_it():
     lines = {line.split()[0]: line.split() for line in table.splitlines()}
     assert lines["calc"] == ["calc", "1-3", "0.250", "0.750", "0.500", "1.000"]
     assert lines["alfworld"] == ["alfworld", "2", "0.000", "0.000", "0.100", "0.100"]
+
+
+def test_result_writer_keeps_what_produced_each_tasks_results(tmp_path):
+    import json
+
+    from agentrl_core.eval.runner import EvalRequest, ResultWriter
+    from agentrl_core.rollout.agent_loop import RolloutRequest
+
+    writer = ResultWriter(tmp_path)
+    for task, index, source in (("db-std", 0, "db backend: sqlite (...)"), ("db-std", 1, "db backend: sqlite (...)"),
+                                ("os-std", 0, None)):
+        request = RolloutRequest(task=task, index=index, group_id=f"eval/{task}/{index}", uid=f"{task}/{index}")
+        writer.add(EvalRequest(request, 0, "m"), {"status": "completed", "reward": 1.0, "turns": 2, "messages": [],
+                                                  "result_source": source})
+    writer.close()
+    assert writer.sources == {"db-std": {"db backend: sqlite (...)"}}
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["result_sources"] == {"db-std": ["db backend: sqlite (...)"]}

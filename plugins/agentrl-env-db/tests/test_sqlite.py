@@ -231,3 +231,17 @@ def test_sqlite_session_cannot_leave_its_memory_database(tmp_path):
     assert "not authorized" in out[2] and "full" in out[4]
     assert out[5].startswith("[(0, 'Result', 'TEXT', 0, None, 0)")
     assert not (tmp_path / "escape.db").exists()
+
+
+def test_every_step_says_which_backend_produced_the_result():
+    async def main():
+        env = DBEnvironment()
+        session = await _session(env)
+        try:
+            step = await session.step(_sql("SELECT 1"))
+        finally:
+            await session.close()
+            await env.aclose()
+        return step.metrics["result_source"]
+
+    assert anyio.run(main).startswith("db backend: sqlite (upstream AgentBench ran MySQL 8;")

@@ -95,7 +95,8 @@ async def run_requests(
 
 def trajectory_result(traj: Any) -> dict[str, Any]:
     return {"status": traj.status.value, "reward": traj.reward, "turns": traj.num_turns, "messages": traj.messages,
-            "pools": [t.pool for t in traj.turns], "error": traj.metrics.get("infra_error")}
+            "pools": [t.pool for t in traj.turns], "error": traj.metrics.get("infra_error"),
+            "result_source": traj.metrics.get("result_source")}
 
 
 def make_token_players(
@@ -142,12 +143,17 @@ class ResultWriter:
         self.store = store
         out_dir.mkdir(parents=True, exist_ok=True)
         self.results: list[EpisodeResult] = []
+        # task -> what produced its results, as the environment says (metric ``result_source``, e.g.
+        # "db backend: sqlite ..."): printed under the table and kept in summary.json.
+        self.sources: dict[str, set[str]] = {}
         self._file = open(out_dir / "trajectories.jsonl", "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def add(self, item: EvalRequest, result: dict[str, Any]) -> None:
         r = item.request
         result = dict(result)
         trajectory = result.pop("trajectory", None)
+        if result.get("result_source"):
+            self.sources.setdefault(r.task, set()).add(str(result["result_source"]))
         self.results.append(EpisodeResult(r.task, r.index, item.repeat, float(result["reward"]), str(result["status"]),
                                           int(result["turns"]), item.model))
         self._file.write(json.dumps({"task": r.task, "index": r.index, "repeat": item.repeat, "model": item.model,
@@ -168,7 +174,8 @@ class ResultWriter:
         if self.store is not None:
             self.store.close()
         summaries = self.summaries()
-        payload = {"models": {m: {t: s.to_json() for t, s in ts.items()} for m, ts in summaries.items()}, **(extra or {})}
+        payload = {"models": {m: {t: s.to_json() for t, s in ts.items()} for m, ts in summaries.items()},
+                   "result_sources": {t: sorted(s) for t, s in sorted(self.sources.items())}, **(extra or {})}
         (self.out_dir / "summary.json").write_text(json.dumps(payload, indent=2))
         return summaries
 

@@ -127,6 +127,8 @@ class Evaluation:
             await self._close()
         summaries = writer.close({"mode": mode, "repeats": c.eval.repeats, "seconds": time.monotonic() - t0})
         print_summaries(summaries, self.echo)
+        for task, sources in sorted(writer.sources.items()):
+            self.echo(f"{task} results from: {'; '.join(sorted(sources))}")
         self.echo(f"\ntrajectories and summary in {self.out_dir}"
                   + (f" (trajectory store: {store.path})" if store is not None else ""))
         return {m: {t: s.to_json() for t, s in ts.items()} for m, ts in summaries.items()}

@@ -90,7 +90,7 @@ class OpenAIChatLoop:
                 if reply.finish:
                     session_id = None
                     return {"status": reply.status, "reward": float(reply.reward or 0.0), "turns": turns,
-                            "messages": messages}
+                            "messages": messages, "result_source": (reply.metrics or {}).get("result_source")}
             return {"status": Status.TASK_LIMIT_REACHED.value, "reward": 0.0, "turns": turns, "messages": messages}
         except Exception as exc:  # controller or worker failure: infrastructure, counted apart
             log.warning("episode %s/%s failed: %s", request.task, request.index, exc)

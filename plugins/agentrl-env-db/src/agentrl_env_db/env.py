@@ -176,7 +176,16 @@ class DBSession(ToolSession):
         )
 
     def metrics(self) -> dict[str, Any]:
-        return {**super().metrics(), **self.counts}
+        return {**super().metrics(), **self.counts, "result_source": self.result_source()}
+
+    def result_source(self) -> str:
+        """Which database produced this episode's result (``agentrl eval`` prints it per task)."""
+        if self.task.sqlite_file is not None:
+            return "db backend: sqlite (the task's own SQLite file, as upstream)"
+        if self.env.config.backend == "mysql":
+            return "db backend: mysql (a MySQL/MariaDB server, as upstream's MySQL 8)"
+        return ("db backend: sqlite (upstream AgentBench ran MySQL 8; SQLite imitates part of its dialect, so "
+                "results can differ: agentrl-env-db README)")
 
     async def on_close(self) -> None:
         handle, self.handle = self.handle, None
