@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # "a | b" are independent siblings (neither imports the other).
 CORE_LAYERS = [
     "cli",
-    "jobs | testing",
+    "jobs | testing | view",
     "launch",
     "train | eval",
     "gateway",

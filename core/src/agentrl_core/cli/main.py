@@ -24,6 +24,7 @@ COMMANDS = [
     "train",
     "sft",
     "eval_cmd",
+    "view",
 ]
 
 

@@ -1,0 +1,92 @@
+"""Regenerate the viewer's fixture run: a real (tiny) ``agentrl train`` run, its store and metrics kept.
+
+    .nox/core/bin/python tests/core/data/view/make_run.py
+
+As the README's main job does, at a smaller scale: the tiny model (``agentrl model init
+--size tiny``, seed 0, no plugin data: the tokenizer the ``tiny_model_dir`` fixture builds,
+so tests decode the stored ids with it), a supervised warm start on ``agentrl demos`` of the
+``calc`` example environment (so episodes call tools and some succeed), then ``agentrl
+train`` for 4 steps on the CPU, on three tasks so that each comes back in several steps
+(the compare view), with a validation round every 2 steps. Keeps ``trajectories.sqlite``,
+``metrics.jsonl``, ``config.yaml`` and ``summary.json`` in ``tests/core/data/view/calc-run/``;
+about 5 minutes on 2 cores.
+
+Runs with core's venv alone: the ``calc`` plugin (plugins/agentrl-plugin-example) is put on
+the path with an entry-point record, as an installed plugin would be.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[3]
+KEEP = ("trajectories.sqlite", "metrics.jsonl", "config.yaml", "summary.json")
+
+
+def main() -> None:
+    from agentrl_core.tinymodel import init_model
+
+    work = Path(tempfile.mkdtemp(prefix="agentrl-view-fixture-"))
+    try:
+        empty = work / "no_plugin_data"
+        empty.mkdir()
+        model = init_model(work / "tiny_model", "tiny", seed=0, data_dir=empty)
+        plugin_path = work / "plugin_path"
+        info = plugin_path / "agentrl_plugin_example-0.0.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: agentrl-plugin-example\nVersion: 0.0.0\n")
+        (info / "entry_points.txt").write_text("[agentrl]\nplugin_example = agentrl_plugin_example.plugin\n")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(plugin_path), str(ROOT / "plugins" / "agentrl-plugin-example" / "src"), os.environ.get("PYTHONPATH", "")])}
+
+        def agentrl(*args: str) -> None:
+            subprocess.run([sys.executable, "-m", "agentrl_core.cli.main", *args], env=env, check=True)
+
+        # the README's main job's calc (examples/quickstart.yaml): small enough for the tiny model
+        calc = {"max_ops": 1, "ops": ["+"], "max_operand": 9, "compact_prompt": True}
+        warm = work / "sft.yaml"
+        warm.write_text(yaml.safe_dump({
+            "run": {"name": "sft", "output_dir": str(work), "seed": 0},
+            "model": {"path": str(model), "tool_parser": "qwen25"},
+            "tasks": [{"env": "calc", "split": "train"}], "environments": {"calc": calc},
+            "sft": {"data": [str(work / "demos.jsonl")], "epochs": 2, "batch_size": 16, "lr": 3.0e-3,
+                    "output_dir": str(work / "sft_model")}}))
+        agentrl("demos", "--env", "calc", "--split", "train", "--limit", "2500", "--error-rate", "0.3",
+                "--config", str(warm), "--out", str(work / "demos.jsonl"))
+        agentrl("sft", str(warm))
+        config = {
+            "run": {"name": "calc-run", "output_dir": str(work / "calc-run"), "seed": 3},
+            "model": {"path": str(work / "sft_model"), "tool_parser": "qwen25"},
+            "tasks": [{"env": "calc", "split": "train", "limit": 3}], "environments": {"calc": calc},
+            "rollout": {"n_samples": 4, "batch_size": 2, "concurrency": 8, "max_turns": 6, "max_total_len": 2048,
+                        "max_new_tokens": 64, "temperature": 1.0},
+            "loss": {"kl_coef": 0.0},
+            "optim": {"lr": 1.0e-4},
+            "train": {"mode": "sync", "total_steps": 4, "device": "cpu", "checkpoint_every": 0, "final_model": False,
+                      "eval_every": 2, "eval_tasks": [{"env": "calc", "split": "train", "limit": 2}]},
+            "logging": {"loggers": ["jsonl"], "sample_rollouts": 0},
+        }
+        path = work / "calc-run.yaml"
+        path.write_text(yaml.safe_dump(config))
+        agentrl("train", str(path))
+        out = HERE / "calc-run"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        for name in KEEP:
+            if (work / "calc-run" / name).exists():
+                shutil.copy(work / "calc-run" / name, out / name)
+        print(f"wrote {out}: {sorted(p.name for p in out.iterdir())}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
