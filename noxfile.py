@@ -121,6 +121,20 @@ def integration(session: nox.Session) -> None:
 
 
 @nox.session
+def view_browser(session: nox.Session) -> None:
+    """``agentrl view`` in a real browser: Debian's Chromium (tests/browser/ci_setup.sh installs it) driven by Playwright.
+
+    ``AGENTRL_VIEW_SCREENSHOTS=docs/images`` also refreshes the README's screenshots.
+    """
+    # transformers decodes the tokens (without torch: the tokenizer is all the viewer loads)
+    _install(session, "-e", _core_spec([]), "transformers>=4.46", "tokenizers>=0.20", "playwright>=1.45")
+    _guard(session, [])
+    session.run("bash", str(ROOT / "tests" / "browser" / "ci_setup.sh"), external=True)
+    session.chdir(ROOT)
+    _pytest(session, "tests/browser")
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff, the import-linter contracts of tests/write_importlinter.py (core imports no plugin, core's layers), the workflows."""
     _install(session, "ruff>=0.6", "import-linter>=2.17")

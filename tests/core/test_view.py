@@ -19,7 +19,7 @@ import pytest
 
 from agentrl_core.view.server import COOKIE, build_app
 
-FIXTURE = Path(__file__).parent / "data" / "view" / "calc-run"
+FIXTURE = Path(__file__).parent / "data" / "view" / "calc-run"  # and the tokenizer of the model it trained
 
 
 @pytest.fixture()
@@ -118,10 +118,10 @@ def test_groups_show_their_reward_spread(runs):
     assert sorted((g["group_id"], g["samples"], g["min_reward"], g["max_reward"]) for g in groups) == sorted(expected)
 
 
-def test_a_trajectory_comes_with_messages_tool_calls_and_decoded_tokens(runs, tiny_model_dir):
+def test_a_trajectory_comes_with_messages_tool_calls_and_decoded_tokens(runs):
     import transformers
 
-    app = build_app(runs, tokenizer=str(tiny_model_dir))
+    app = build_app(runs, tokenizer=str(FIXTURE / "tokenizer"))
     db = runs / "calc-run" / "trajectories.sqlite"
     (traj_id,) = sql(db, "SELECT t.id FROM trajectories t JOIN tokens k ON k.trajectory_id = t.id WHERE kind = 'train' "
                          "AND json_array_length(tool_calls) > 0 AND k.ratios IS NOT NULL ORDER BY id LIMIT 1")[0]
@@ -133,7 +133,7 @@ def test_a_trajectory_comes_with_messages_tool_calls_and_decoded_tokens(runs, ti
     assert tokens["input_ids"] == json.loads(ids)
     n = len(tokens["input_ids"])
     assert all(len(tokens[k]) == n for k in ("loss_mask", "logprobs", "ratios", "learner_logprobs", "versions", "text"))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(FIXTURE / "tokenizer")
     assert "".join(tokens["text"]) == tokenizer.decode(tokens["input_ids"])  # one piece per token, nothing lost
     # the ratio column is exp(learner - sampling) on the loss tokens, null elsewhere
     for m, lp, old, r in zip(tokens["loss_mask"], tokens["learner_logprobs"], tokens["logprobs"], tokens["ratios"],
