@@ -149,10 +149,20 @@ def test_a_trajectory_comes_with_messages_tool_calls_and_decoded_tokens(runs):
     assert len({o["step"] for o in t["same_task"]}) >= 2
 
 
-def test_without_a_tokenizer_the_tokens_are_ids(runs):
+def test_the_tokenizer_is_the_run_configs_model_else_the_tokens_are_ids(runs):
+    import yaml
+
+    config_path = runs / "calc-run" / "config.yaml"
+    config = yaml.safe_load(config_path.read_text())
     (traj_id,) = sql(runs / "calc-run" / "trajectories.sqlite", "SELECT min(id) FROM trajectories")[0]
-    t = ok(build_app(runs), "/api/trajectory", run="calc-run", id=traj_id)  # config.yaml's model is gone
+    config["model"]["path"] = str(runs / "gone")
+    config_path.write_text(yaml.safe_dump(config))
+    t = ok(build_app(runs), "/api/trajectory", run="calc-run", id=traj_id)
     assert t["tokens"]["text"] is None and t["tokens"]["input_ids"]
+    config["model"]["path"] = str(FIXTURE / "tokenizer")
+    config_path.write_text(yaml.safe_dump(config))
+    t = ok(build_app(runs), "/api/trajectory", run="calc-run", id=traj_id)
+    assert len(t["tokens"]["text"]) == len(t["tokens"]["input_ids"])
 
 
 def test_metrics_are_the_numeric_scalars_of_metrics_jsonl(runs):
