@@ -163,7 +163,7 @@ function renderMessages(messages) {
       return h("div", { class: "tool-call" }, h("span", { class: "fn" }, "⚙ " + (fn.name || "?")), h("span", { class: "muted" }, " " + (c.id || "")), h("pre", {}, args));
     });
     return h("div", { class: "msg " + m.role },
-      h("div", { class: "role" }, m.role + (m.role === "assistant" ? ` · turn ${turn}` : "") + (m.tool_call_id ? ` · ${m.tool_call_id}` : "")),
+      h("div", { class: "role" }, m.role + (m.role === "assistant" ? ` · turn ${turn}` : ""), m.tool_call_id ? h("span", { class: "call-id" }, ` · ${m.tool_call_id}`) : null),
       content ? h("pre", {}, content) : null, calls,
       m.reasoning_content ? h("details", {}, h("summary", { class: "muted" }, "reasoning"), h("pre", {}, m.reasoning_content)) : null);
   });
@@ -290,7 +290,7 @@ function defaultKeys(keys) {
 
 function lineChart(rows, key) {
   const pts = rows.filter((r) => typeof r[key] === "number" && typeof r.step === "number").map((r) => [r.step, r[key]]);
-  const W = 360, H = 170, L = 46, R = 8, T = 8, B = 22;
+  const W = 360, H = 170, L = 56, R = 8, T = 8, B = 22;
   const svg = (tag, attrs) => { const el = document.createElementNS("http://www.w3.org/2000/svg", tag); for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v); return el; };
   const root = svg("svg", { width: "100%", viewBox: `0 0 ${W} ${H}`, "data-key": key });
   if (!pts.length) { const t = svg("text", { x: L, y: H / 2 }); t.textContent = "no values"; root.append(t); return root; }
@@ -298,14 +298,15 @@ function lineChart(rows, key) {
   let [y0, y1] = [Math.min(...pts.map((p) => p[1])), Math.max(...pts.map((p) => p[1]))];
   if (x0 === x1) { x0 -= 1; x1 += 1; }
   if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
+  const digits = Math.min(6, Math.max(0, Math.ceil(-Math.log10((y1 - y0) / 4)) + 1));  // ticks that differ
   const X = (x) => L + (x - x0) / (x1 - x0) * (W - L - R);
   const Y = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   for (let i = 0; i <= 4; i++) {
     const yv = y0 + (y1 - y0) * i / 4;
     root.append(svg("line", { x1: L, x2: W - R, y1: Y(yv), y2: Y(yv), stroke: "#eceef2" }));
-    const t = svg("text", { x: L - 4, y: Y(yv) + 3, "text-anchor": "end" }); t.textContent = fmt(yv, Math.abs(y1 - y0) < 0.1 ? 4 : 2); root.append(t);
+    const t = svg("text", { x: L - 4, y: Y(yv) + 3, "text-anchor": "end" }); t.textContent = yv.toFixed(digits); root.append(t);
   }
-  for (const xv of [x0, (x0 + x1) / 2, x1]) { const t = svg("text", { x: X(xv), y: H - 6, "text-anchor": "middle" }); t.textContent = fmt(Math.round(xv)); root.append(t); }
+  for (const xv of new Set([x0, Math.round((x0 + x1) / 2), x1])) { const t = svg("text", { x: X(xv), y: H - 6, "text-anchor": "middle" }); t.textContent = String(xv); root.append(t); }
   root.append(svg("polyline", { points: pts.map((p) => `${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" "), fill: "none", stroke: "#2f6fde", "stroke-width": 1.6 }));
   for (const p of pts) {
     const c = svg("circle", { cx: X(p[0]).toFixed(1), cy: Y(p[1]).toFixed(1), r: pts.length > 60 ? 1.2 : 2.4, fill: "#2f6fde" });
