@@ -29,4 +29,9 @@ if ! "${APT[@]}" install --no-install-recommends chromium fonts-dejavu-core; the
          "package, or AGENTRL_CHROMIUM set to a Chromium binary." >&2
     exit 1
 fi
+if [ ! -x "$CHROMIUM" ]; then
+    echo "ci_setup: Debian's chromium is installed but $CHROMIUM is not executable: set AGENTRL_CHROMIUM to" \
+         "the Chromium binary (Debian's is /usr/bin/chromium)." >&2
+    exit 1
+fi
 echo "ci_setup: installed $("$CHROMIUM" --version)"
