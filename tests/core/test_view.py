@@ -20,13 +20,15 @@ import pytest
 from agentrl_core.view.server import COOKIE, build_app
 
 FIXTURE = Path(__file__).parent / "data" / "view" / "calc-run"  # and the tokenizer of the model it trained
+EVAL_FIXTURE = FIXTURE.parent / "calc-eval"  # `agentrl eval` of the same model
 
 
 @pytest.fixture()
 def runs(tmp_path):
-    """A folder of runs: the fixture training run, and a run that has only written metrics so far."""
+    """A folder of runs: the fixture training run and evaluation, and a run that has only written metrics so far."""
     root = tmp_path / "runs"
     shutil.copytree(FIXTURE, root / "calc-run")
+    shutil.copytree(EVAL_FIXTURE, root / "calc-eval")
     (root / "starting").mkdir()
     (root / "starting" / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "rew')  # mid-write
     (root / "not-a-run").mkdir()
@@ -66,7 +68,7 @@ def test_the_fixture_is_a_real_training_run():
 def test_runs_lists_every_run_under_the_folder(runs):
     data = ok(build_app(runs), "/api/runs")
     by_name = {r["name"]: r for r in data["runs"]}
-    assert sorted(by_name) == ["calc-run", "starting"]
+    assert sorted(by_name) == ["calc-eval", "calc-run", "starting"]
     assert by_name["calc-run"]["store"] and by_name["calc-run"]["finished"] and by_name["calc-run"]["last_step"] == 4
     assert by_name["calc-run"]["kinds"] == dict(sql(runs / "calc-run" / "trajectories.sqlite",
                                                     "SELECT kind, count(*) FROM trajectories GROUP BY kind"))
@@ -165,6 +167,20 @@ def test_the_tokenizer_is_the_run_configs_model_else_the_tokens_are_ids(runs):
     assert len(t["tokens"]["text"]) == len(t["tokens"]["input_ids"])
 
 
+def test_an_evaluation_folder_is_a_run_of_eval_episodes(runs):
+    app = build_app(runs, tokenizer=str(FIXTURE / "tokenizer"))
+    db = runs / "calc-eval" / "trajectories.sqlite"
+    (n,) = sql(db, "SELECT count(*) FROM trajectories")[0]
+    assert [(s["kind"], s["step"], s["trajectories"]) for s in ok(app, "/api/steps", run="calc-eval")] == [
+        ("eval", None, n)]
+    groups = ok(app, "/api/groups", run="calc-eval", kind="eval")
+    assert sum(g["samples"] for g in groups) == n and {g["samples"] for g in groups} == {2}  # eval.repeats=2
+    first = ok(app, "/api/trajectories", run="calc-eval")["trajectories"][0]
+    t = ok(app, "/api/trajectory", run="calc-eval", id=first["id"])
+    assert t["kind"] == "eval" and t["step"] is None and t["messages"]
+    assert t["tokens"]["text"] and t["tokens"]["ratios"] is None  # an evaluation has no learner
+
+
 def test_metrics_are_the_numeric_scalars_of_metrics_jsonl(runs):
     app = build_app(runs)
     lines = [json.loads(x) for x in (runs / "calc-run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -186,7 +202,7 @@ def test_metrics_are_the_numeric_scalars_of_metrics_jsonl(runs):
 def test_errors_are_one_sentence_with_the_right_status(runs):
     app = build_app(runs)
     r = get(app, "/api/steps", run="nope")
-    assert r.status_code == 404 and "calc-run, starting" in r.json()["detail"]
+    assert r.status_code == 404 and "calc-eval, calc-run, starting" in r.json()["detail"]
     r = get(app, "/api/steps", run="starting")
     assert r.status_code == 404 and "no trajectory store" in r.json()["detail"]
     r = get(app, "/api/trajectories", run="calc-run", min_reward="high")
@@ -279,7 +295,7 @@ def test_the_command_serves_the_api(runs, tmp_path):
             except httpx.ConnectError:  # the port file is written just before serving starts
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
-        assert {r["name"] for r in runs_seen} == {"calc-run", "starting"}
+        assert {r["name"] for r in runs_seen} == {"calc-eval", "calc-run", "starting"}
     finally:
         proc.terminate()
         proc.wait(timeout=30)

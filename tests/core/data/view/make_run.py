@@ -9,7 +9,9 @@ minutes or more on 2 cores), so that episodes call tools and some succeed; then 
 train`` for 4 steps on the CPU, on three tasks so that each comes back in several steps
 (the compare view), with a validation round every 2 steps. Keeps ``trajectories.sqlite``,
 ``metrics.jsonl``, ``config.yaml`` and ``summary.json`` in ``tests/core/data/view/calc-run/``,
-and the model's tokenizer files in its ``tokenizer/`` (tests decode the stored ids with it).
+and the model's tokenizer files in its ``tokenizer/`` (tests decode the stored ids with it);
+then ``agentrl eval`` of the same model on the validation tasks, its store and summary in
+``tests/core/data/view/calc-eval/``.
 
 Runs with core's venv alone: the ``calc`` plugin (plugins/agentrl-plugin-example) is put on
 the path with an entry-point record, as an installed plugin would be.
@@ -68,17 +70,20 @@ def main() -> None:
         path = work / "calc-run.yaml"
         path.write_text(yaml.safe_dump(config))
         agentrl("train", str(path))
+        # `agentrl eval` writes the same store (kind eval): the policy before RL, twice per task
+        agentrl("eval", str(path), "--set", "eval.repeats=2", "--out", str(work / "calc-eval"))
+        for run in ("calc-run", "calc-eval"):
+            shutil.rmtree(HERE / run, ignore_errors=True)
+            (HERE / run).mkdir()
+            for name in KEEP:
+                if (work / run / name).exists():
+                    shutil.copy(work / run / name, HERE / run / name)
         out = HERE / "calc-run"
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir()
-        for name in KEEP:
-            if (work / "calc-run" / name).exists():
-                shutil.copy(work / "calc-run" / name, out / name)
         (out / "tokenizer").mkdir()
         for name in TOKENIZER_FILES:
             if (warm_model / name).exists():
                 shutil.copy(warm_model / name, out / "tokenizer" / name)
-        print(f"wrote {out}: {sorted(p.name for p in out.iterdir())}")
+        print(f"wrote {out}: {sorted(p.name for p in out.iterdir())}, and {HERE / 'calc-eval'}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
