@@ -108,6 +108,8 @@ def test_browse_filter_open_compare_and_plot(browser, viewer, shots):
     assert page.locator("#runs li.active .name").inner_text() == "calc-run"
     steps = api(url, "steps", run="calc-run")
     assert page.locator("#steps tr.clickable").count() == len(steps)
+    tasks = api(url, "tasks", run="calc-run")
+    assert page.locator("#tasks tr.clickable td:first-child").all_inner_texts() == [t["task"] for t in tasks]
     assert page.locator("#trajectory-list tr.clickable").count() == len(everything["trajectories"])
     assert page.locator("#count").inner_text().startswith(f"{everything['total']} trajectories")
     page.screenshot(path=str(shots / "view-trajectories.png"))

@@ -74,9 +74,16 @@ function currentRun() { return runs.find((r) => r.name === state().get("run")); 
 async function loadSteps() {
   const run = currentRun();
   const table = $("#steps");
-  if (!run || !run.store) { table.replaceChildren(); return; }
-  const steps = await api("steps", { run: run.name });
+  if (!run || !run.store) { table.replaceChildren(); $("#tasks").replaceChildren(); return; }
+  const [steps, tasks] = await Promise.all([api("steps", { run: run.name }), api("tasks", { run: run.name })]);
   const s = state();
+  $("#tasks").replaceChildren(
+    h("tr", {}, h("th", {}, "task"), h("th", { class: "num" }, "n"), h("th", { class: "num" }, "reward"), h("th", { class: "num" }, "success")),
+    ...tasks.map((t) => h("tr", {
+      class: "clickable" + (t.task === s.get("task") ? " selected" : ""),
+      onclick: () => go({ tab: "trajectories", task: t.task, id: null, offset: null }),
+    }, h("td", {}, t.task), h("td", { class: "num" }, t.trajectories), h("td", { class: "num" }, fmt(t.reward, 2)),
+       h("td", { class: "num" }, fmt(t.success, 2)))));
   table.replaceChildren(
     h("tr", {}, h("th", {}, "kind"), h("th", { class: "num" }, "step"), h("th", { class: "num" }, "n"), h("th", { class: "num" }, "reward")),
     ...steps.map((st) => h("tr", {
