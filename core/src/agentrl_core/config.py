@@ -61,7 +61,7 @@ class RunConfig:
 class LoraConfig:
     """LoRA adapters trained instead of the full weights (core/docs/lora.md); PEFT does the layers."""
 
-    enabled: bool = False
+    enabled: bool = False  # train LoRA adapters (pip install 'agentrl-core[lora]'); false: every weight
     rank: int = field(default=16, validator=in_range(1))  # r: the adapters' inner dimension
     alpha: float = field(default=32.0, validator=in_range(0.0, lo_open=True))  # scaling = alpha / rank
     dropout: float = field(default=0.0, validator=in_range(0.0, 1.0, hi_open=True))  # on the adapter's input
