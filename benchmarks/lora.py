@@ -39,10 +39,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 def arm(model_dir: str, lora: bool, steps: int, batch: int, out: str) -> None:
     """One arm, in this process: build the learner, train ``steps`` (+1 warm-up), write JSON."""
     import torch
+    from learner_throughput import synthetic_batch
 
     from agentrl_core.config import LoraConfig, LossConfig, OptimConfig, TrainConfig
     from agentrl_core.train.learner import Learner, init_distributed
-    from learner_throughput import synthetic_batch
 
     torch.manual_seed(0)
     init_distributed("cpu")

@@ -10,10 +10,9 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
+from test_fsdp import _free_port, make_samples, naive_logprobs
 
 from agentrl_core.config import LoraConfig, LossConfig, OptimConfig, TrainConfig
-
-from test_fsdp import _free_port, make_samples, naive_logprobs
 
 TEMPERATURE = 0.8
 LORA = LoraConfig(enabled=True, rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
