@@ -60,6 +60,12 @@ TARGET_IMPROVEMENT = 0.25  # issue 6: at least +25 percentage points of held-out
 CONTROL_MAX_CHANGE = 0.05  # the sign-flipped control must not improve beyond noise
 
 
+# the LoRA arm (core/docs/lora.md): adapters on every linear layer; LoRA takes a larger learning
+# rate than full fine-tuning (the config's 2e-4), as usual
+LORA_ARM: dict[str, Any] = {"model__lora__enabled": True, "model__lora__rank": 16, "model__lora__alpha": 32.0,
+                            "optim__lr": 2.0e-3}
+
+
 def subprocess_env() -> dict[str, str]:
     # One intra-op thread per process: on 2 shared cores, torch's default (one thread per
     # core) makes SFT and evaluation 5-10x slower under load. Training pins its own threads.
@@ -225,7 +231,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [2, 1]})
-    colors = {"grpo": "tab:blue", "grpo_negated": "tab:red"}
+    colors = {"grpo": "tab:blue", "grpo_negated": "tab:red", "grpo_lora": "tab:purple"}
     for arm, run in result["runs"].items():
         xs = [p["step"] for p in run["train"]["curve"]]
         ax1.plot(xs, [p["reward"] for p in run["train"]["curve"]], "-o", ms=3, color=colors.get(arm), label=arm)
@@ -260,7 +266,9 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=None, help="training time budget per run (default 600)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None, help="start from this `agentrl model init` model (default: build one)")
-    parser.add_argument("--arms", default="grpo,grpo_negated", help="advantage estimators to train with")
+    parser.add_argument("--arms", default="grpo,grpo_negated",
+                        help="advantage estimators to train with; <estimator>_lora trains LoRA adapters "
+                             f"(model.lora: rank {LORA_ARM['model__lora__rank']}, lr {LORA_ARM['optim__lr']})")
     args = parser.parse_args()
     require_plotting()
     params = dict(QUICK if args.quick else FULL)
@@ -281,7 +289,9 @@ def main() -> int:
 
     runs: dict[str, Any] = {}
     for arm in args.arms.split(","):
-        run = train(prepared["model"], work / arm, params, extra={"advantage__estimator": arm, "run__seed": args.seed})
+        estimator, lora = (arm.removesuffix("_lora"), True) if arm.endswith("_lora") else (arm, False)
+        run = train(prepared["model"], work / arm, params,
+                    extra={"advantage__estimator": estimator, "run__seed": args.seed, **(LORA_ARM if lora else {})})
         after = evaluate(run["model"], work / f"eval_{arm}", params)
         runs[arm] = {"train": run, "after": {"success": success_of(after), **after},
                      "improvement": success_of(after) - before_success}
@@ -294,6 +304,8 @@ def main() -> int:
     if "grpo" in runs:
         checks["grpo_improves_25pp"] = runs["grpo"]["improvement"] >= TARGET_IMPROVEMENT
         checks["grpo_within_budget"] = runs["grpo"]["train"]["train_command_s"] <= params["budget_s"] + 150
+    if "grpo_lora" in runs:
+        checks["lora_improves_25pp"] = runs["grpo_lora"]["improvement"] >= TARGET_IMPROVEMENT
     if "grpo_negated" in runs:
         checks["control_does_not_improve"] = runs["grpo_negated"]["improvement"] < CONTROL_MAX_CHANGE
     result = {

@@ -58,6 +58,20 @@ class RunConfig:
 
 
 @frozen
+class LoraConfig:
+    """LoRA adapters trained instead of the full weights (core/docs/lora.md); PEFT does the layers."""
+
+    enabled: bool = False  # train LoRA adapters (pip install 'agentrl-core[lora]'); false: every weight
+    rank: int = field(default=16, validator=in_range(1))  # r: the adapters' inner dimension
+    alpha: float = field(default=32.0, validator=in_range(0.0, lo_open=True))  # scaling = alpha / rank
+    dropout: float = field(default=0.0, validator=in_range(0.0, 1.0, hi_open=True))  # on the adapter's input
+    # module names the adapters wrap (the linear layers of Qwen2/Llama attention and MLP), or ["all-linear"]
+    target_modules: list[str] = field(factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                        "gate_proj", "up_proj", "down_proj"])
+    rslora: bool = False  # scaling = alpha / sqrt(rank) (rank-stabilised LoRA)
+
+
+@frozen
 class ModelConfig:
     path: str = ""  # the policy's Hugging Face checkpoint folder: initial weights, tokenizer and the engines' model
     # compute dtype on GPU: the learner's FSDP params, SGLang's --dtype, the weights sent (weight_sync.dtype auto)
@@ -66,6 +80,7 @@ class ModelConfig:
     tool_parser: str = "qwen25"
     chat_template: str | None = None  # a .jinja file or the template text; replaces the checkpoint's
     trust_remote_code: bool = False  # tokenizer, learner and SGLang may run the checkpoint's code
+    lora: LoraConfig = field(factory=LoraConfig)  # train LoRA adapters instead of every weight
 
 
 @frozen

@@ -66,6 +66,7 @@ def run_sft(config: Config, *, echo: Any = print) -> Path:
         loss_fn=sft_nll_loss,
         param_dtype=compute_dtype(config.model.dtype),
         trust_remote_code=config.model.trust_remote_code,
+        lora=config.model.lora,
     )
     out_dir = Path(s.output_dir or config.run.dir / "sft_model")
     log_path = config.run.dir / "sft_metrics.jsonl"

@@ -108,14 +108,34 @@ def save_hf_model(learner: Any, out_dir: str | os.PathLike) -> Path | None:
 
     Config, tokenizer and chat template are copied from the model the learner started
     from. Returns the path on rank 0, ``None`` elsewhere.
+    With LoRA (``learner.lora``) the weights are the base with the adapter merged in, and the
+    adapter alone is written too, in PEFT's layout, to ``<out_dir>/adapter``.
     """
     from agentrl_core.train.weight_sync import drain, write_hf_checkpoint
 
     tensors = learner.named_full_tensors()
     if _rank() != 0:
         drain(tensors)
+        if getattr(learner, "lora", None) is not None:
+            drain(learner.adapter_tensors())
         return None
-    return write_hf_checkpoint(tensors, out_dir, learner.model_path)
+    out = write_hf_checkpoint(tensors, out_dir, learner.model_path)
+    if getattr(learner, "lora", None) is not None:
+        from agentrl_core.train.lora import write_adapter
+
+        write_adapter(learner.adapter_tensors(), out / "adapter", learner.lora, learner.model_path)
+    return out
+
+
+def _state_dict_options(learner: Any) -> Any:
+    """LoRA checkpoints hold the adapter and its optimizer state alone (the base is ``model.path``).
+
+    Loading then sets the adapter only (``strict=False``: the frozen base is absent on purpose;
+    ``dcp.load`` still fails on any adapter key the checkpoint lacks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    lora = getattr(learner, "lora", None) is not None
+    return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
 
 
 def save_checkpoint(
@@ -146,7 +166,7 @@ def save_checkpoint(
         tmp.mkdir()
     _barrier()
 
-    model_sd, optim_sd = get_state_dict(learner.model, learner.optimizer)
+    model_sd, optim_sd = get_state_dict(learner.model, learner.optimizer, options=_state_dict_options(learner))
     dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=dcp.FileSystemWriter(str(tmp / "dcp"), sync_files=True))
     rng_path = tmp / f"rng_rank{rank}.pt"
     torch.save(_rng_state(), rng_path)
@@ -180,10 +200,12 @@ def load_checkpoint(path: str | os.PathLike, learner: Any) -> dict[str, Any]:
     path = Path(path)
     if not (path / "trainer_state.json").is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no trainer_state.json); use latest_checkpoint()")
-    model_sd, optim_sd = get_state_dict(learner.model, learner.optimizer)
+    options = _state_dict_options(learner)
+    model_sd, optim_sd = get_state_dict(learner.model, learner.optimizer, options=options)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, storage_reader=dcp.FileSystemReader(str(path / "dcp")))
-    set_state_dict(learner.model, learner.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(learner.model, learner.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=options)
     meta = torch.load(path / "learner.pt", weights_only=False)
     learner.step = int(meta["step"])
     learner.scheduler.load_state_dict(meta["scheduler"])

@@ -32,7 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from agentrl_core.config import LossConfig, OptimConfig, TrainConfig
+from agentrl_core.config import LoraConfig, LossConfig, OptimConfig, TrainConfig
 from agentrl_core.http.ports import free_port
 from agentrl_core.train.batching import Layout, MicroBatchPlan, TrainSample, collate, plan_micro_batches
 from agentrl_core.train.logprobs import token_logprobs
@@ -103,7 +103,7 @@ def load_sharded_causal_lm(path: str | os.PathLike, dtype: torch.dtype, attn_imp
     (``set_model_state_dict(broadcast_from_rank0=True)``), then the buffers the state dict
     lacks (rotary frequencies). So a rank's host memory holds its shard, not the whole model,
     and only rank 0's grows with the model. ``prepare`` runs on every rank before sharding
-    (gradient checkpointing)."""
+    (gradient checkpointing, LoRA adapters)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     if mesh.size() == 1:
@@ -116,15 +116,15 @@ def load_sharded_causal_lm(path: str | os.PathLike, dtype: torch.dtype, attn_imp
     rank0 = dist.get_rank() == 0
     if rank0:
         model = load_causal_lm(path, dtype, attn_implementation, trust_remote_code)
-        full = model.state_dict()
     else:
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
                                                      trust_remote_code=trust_remote_code)
-        full = {}
     if prepare is not None:
         prepare(model)
+    # after prepare: what it adds (LoRA adapters, initialised on rank 0) is sent to the others too
+    full = model.state_dict() if rank0 else {}
     shard_model(model, mesh, mp_policy)
     if rank0:
         model.to(device)
@@ -202,6 +202,8 @@ class Learner:
         trust_remote_code: let transformers run the checkpoint's own model code (``model.trust_remote_code``).
         keep_token_logprobs: keep the log-probs of each step's loss tokens for :meth:`take_token_logprobs`
             (the trajectory store's learner log-probs and ratios).
+        lora: ``model.lora``; when enabled only LoRA adapters are trained (:mod:`agentrl_core.train.lora`),
+            the reference is the same model with the adapters off, and weights leave merged.
 
     :func:`init_distributed` must have run on every rank first.
     """
@@ -220,6 +222,7 @@ class Learner:
         device: torch.device | str | None = None,
         trust_remote_code: bool = False,
         keep_token_logprobs: bool = False,
+        lora: LoraConfig | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("call agentrl_core.train.learner.init_distributed() on every rank before building a Learner")
@@ -238,6 +241,7 @@ class Learner:
 
         self.attn_implementation = attention_implementation(self.device, self.layout)
         self.trust_remote_code = trust_remote_code
+        self.lora = lora if lora is not None and lora.enabled else None
 
         def checkpointing(model: torch.nn.Module) -> None:
             if not self.train_config.gradient_checkpointing:
@@ -248,16 +252,25 @@ class Learner:
             else:  # transformers < 5
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
+        def prepare(model: torch.nn.Module) -> None:
+            if self.lora is not None:
+                from agentrl_core.train.lora import apply_lora
+
+                apply_lora(model, self.lora)
+            checkpointing(model)
+
         # rank 0 reads the checkpoint, the others receive their shards: host memory per rank
         # does not hold the whole fp32 model (and reference) on every rank
         self.model = load_sharded_causal_lm(self.model_path, torch.float32, self.attn_implementation,
-                                            trust_remote_code, self.mesh, self.device, mp_policy, checkpointing)
+                                            trust_remote_code, self.mesh, self.device, mp_policy, prepare)
         self.config = self.model.config
         self.pad_token_id = int(self.config.pad_token_id if self.config.pad_token_id is not None else 0)
         self.model.train()
 
         self.ref_model = None
-        if self.train_config.reference and self.loss_config.kl_coef > 0:
+        # LoRA: the reference is the base model, i.e. this model with its adapters switched off
+        self.ref_is_base = bool(self.lora is not None and self.train_config.reference and self.loss_config.kl_coef > 0)
+        if self.train_config.reference and self.loss_config.kl_coef > 0 and self.lora is None:
             ref_dtype = param_dtype if on_gpu else torch.float32
             self.ref_model = load_sharded_causal_lm(self.model_path, ref_dtype, self.attn_implementation,
                                                     trust_remote_code, self.mesh, self.device)
@@ -265,8 +278,16 @@ class Learner:
             self.ref_model.requires_grad_(False)
 
         o = self.optim_config
+        # the frozen base of a LoRA model has no optimizer state: AdamW's moments are adapter-sized
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if self.lora is not None and self.rank == 0:
+            from agentrl_core.train.lora import trainable_parameter_count
+
+            trained, total = trainable_parameter_count(self.model)
+            log.info("LoRA rank %d: %d of %d parameters trained (%.3f %%)", self.lora.rank, trained, total,
+                     100.0 * trained / max(total, 1))
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+            self.trainable, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _warmup_lambda(o.warmup_steps))
         self.step = 0
@@ -282,12 +303,25 @@ class Learner:
 
     @torch.no_grad()
     def _reference(self, samples: Sequence[TrainSample], micro_batches: list[list[int]]) -> list[torch.Tensor | None]:
+        if self.ref_is_base:
+            from agentrl_core.train.lora import adapters_disabled
+
+            self.model.eval()
+            try:
+                with adapters_disabled(self.model):
+                    return self._logprobs_of(self.model, samples, micro_batches)
+            finally:
+                self.model.train()
         if self.ref_model is None:
             return [None] * len(micro_batches)
-        out = []
+        return self._logprobs_of(self.ref_model, samples, micro_batches)
+
+    def _logprobs_of(self, model: torch.nn.Module, samples: Sequence[TrainSample],
+                     micro_batches: list[list[int]]) -> list[torch.Tensor | None]:
+        out: list[torch.Tensor | None] = []
         for idx in micro_batches:
             mb = collate([samples[i] for i in idx], self.layout, self.pad_token_id).to(self.device)
-            out.append(token_logprobs(self.ref_model, mb, self.temperature).logprobs)
+            out.append(token_logprobs(model, mb, self.temperature).logprobs)
         return out
 
     def train_step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
@@ -370,7 +404,7 @@ class Learner:
     def optimizer_step(self) -> dict[str, float]:
         """Clip the gradient norm, step AdamW and the LR schedule, clear the gradients."""
         t0 = time.perf_counter()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.optim_config.grad_clip)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
         grad_norm = float(grad_norm)
@@ -389,8 +423,22 @@ class Learner:
     # -- weights out ----------------------------------------------------------------
 
     def named_full_tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full parameters, gathered one by one (every rank must iterate; rank 0 sends)."""
+        """Full parameters, gathered one by one (every rank must iterate; rank 0 sends).
+
+        With LoRA: the base weights with the adapters merged in, under the base model's names."""
+        if self.lora is not None:
+            from agentrl_core.train.lora import merged_full_tensors
+
+            return merged_full_tensors(self.model, dtype)
         return named_full_tensors(self.model, dtype)
+
+    def adapter_tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The LoRA adapter's tensors under PEFT's saved names (every rank must iterate)."""
+        if self.lora is None:
+            raise ValueError("this learner trains no LoRA adapter (model.lora.enabled is false)")
+        from agentrl_core.train.lora import adapter_full_tensors
+
+        return adapter_full_tensors(self.model, dtype)
 
     def close(self) -> None:
         """Drop the models and optimizer (the process group stays: its owner destroys it)."""

@@ -43,7 +43,7 @@ class LearnerService:
                                temperature=config.rollout.temperature, loss_fn=loss_fn, device=device,
                                param_dtype=compute_dtype(config.model.dtype),
                                trust_remote_code=config.model.trust_remote_code,
-                               keep_token_logprobs=config.logging.trajectory_store)
+                               keep_token_logprobs=config.logging.trajectory_store, lora=config.model.lora)
         self.transports: dict[str, Any] = {}
 
     def default_address(self) -> str:
