@@ -74,8 +74,8 @@ def _pytest(session: nox.Session, *args: str) -> None:
 
 @nox.session
 def core(session: nox.Session) -> None:
-    """agentrl-core alone (with its train extra), no plugin installed."""
-    _install(session, "-e", _core_spec(["train"]))
+    """agentrl-core alone (with its train and lora extras), no plugin installed."""
+    _install(session, "-e", _core_spec(["train", "lora"]))
     _guard(session, [])
     session.chdir(ROOT)
     _pytest(session, "tests/core")
