@@ -16,7 +16,11 @@
 4. ``placement`` (``cluster_hooks.py``): Ray places a learner rank and an hf engine as
    ``agentrl train`` does; disjoint GPUs in async mode (two or more GPUs), the same GPU
    colocated (one GPU); on CPU, disjoint cores.
-5. ``sglang_weight_sync_tp1`` / ``_tp2``: SGLang with TP 1 and 2 joins the learner's NCCL group
+5. ``colocated_sync`` (``learner_hooks.py``): engine and learner on cuda:0, one sync-mode step
+   as ``agentrl train`` runs it: the backend chosen for a shared GPU (gloo), the engine's
+   memory released around the learner step and resumed before the sync, GPU memory
+   (``torch.cuda.mem_get_info``, ``memory_allocated``) at each point. Skipped on CPU with a note.
+6. ``sglang_weight_sync_tp1`` / ``_tp2``: SGLang with TP 1 and 2 joins the learner's NCCL group
    with every TP rank, receives bf16 weights, and its log-probs at temperature 0.8 match the
    learner's new weights (needs ``sglang`` and TP + 1 GPUs, else reported as skipped).
 
@@ -167,6 +171,7 @@ def main() -> int:
             "weight_sync_tp1": lambda: hook("weight_sync", learner_hooks.weight_sync, args.device, workdir, model_dir,
                                             ""),
             "placement": lambda: cluster_hooks.placement(args.device, workdir, model_dir),
+            "colocated_sync": lambda: learner_hooks.colocated_sync(args.device, workdir, model_dir),
             "sglang_weight_sync_tp1": lambda: cluster_hooks.sglang_weight_sync(args.device, workdir, model_dir, 1),
             "sglang_weight_sync_tp2": lambda: cluster_hooks.sglang_weight_sync(args.device, workdir, model_dir, 2),
         }

@@ -117,3 +117,77 @@ def weight_sync(device: str, workdir: Path, model_dir: Path, engine_url: str) ->
         "max_logprob_diff_vs_new_weights": worst,
         **{k: float(v) for k, v in stats.items()},
     }
+
+
+def colocated_sync(device: str, workdir: Path, model_dir: Path) -> dict[str, Any]:
+    """Engine and learner on one GPU (cuda:0), one sync-mode step as ``agentrl train`` runs it.
+
+    The transport is chosen as in production (:func:`choose_backend` with the engine on learner
+    rank 0's GPU: gloo); around the learner step the engine releases its memory
+    (:class:`EngineMemory`: pause, ``/release_memory_occupation``, train,
+    ``/resume_memory_occupation``, sync, continue). Reports the GPU's free memory
+    (``torch.cuda.mem_get_info``, both processes) and the learner's ``memory_allocated`` at each
+    point; ok when the release freed memory, the sync went over the chosen backend and the
+    engine answers with version 1 under logprobs of the learner's new weights.
+    """
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return {"ok": None, "status": "skipped",
+                "note": "the colocated check needs a GPU (engine and learner share cuda:0); run check.py on a GPU "
+                        "machine"}
+    import anyio
+
+    from agentrl_core.config import EngineConfig
+    from agentrl_core.rollout.engine_client import EnginePool
+    from agentrl_core.rollout.hf_driver import HFDriver
+    from agentrl_core.train.engine_memory import EngineMemory
+    from agentrl_core.train.weight_sync import CollectiveTransport, choose_backend, transfer_dtype
+
+    backend, why = choose_backend("auto", cuda=True, shared_device=True)
+    learner = _learner(model_dir, "cuda:0")
+    driver = HFDriver(engine=EngineConfig(device="cuda"), log_dir=str(workdir / "colocated_logs"))
+    dtype = transfer_dtype("auto", model_dtype="bfloat16", device_kind="cuda")
+    mib = 2**20
+    points: dict[str, dict[str, float]] = {}
+
+    def measure(name: str) -> None:
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info(0)
+        points[name] = {"gpu_used_mib": round((total - free) / mib, 1),
+                        "learner_allocated_mib": round(torch.cuda.memory_allocated(0) / mib, 1)}
+
+    try:
+        url = driver.launch("current", str(model_dir), [[0]])[0]
+        transport = CollectiveTransport(backend="auto", shared_device=True, bucket_mb=1.0, dtype=dtype, timeout_s=300)
+        transport.connect("127.0.0.1", [url])
+        prompt = list(range(5, 45))
+        params = {"max_new_tokens": 64, "temperature": 1.0, "ignore_eos": True}
+
+        async def step() -> Any:
+            async with EnginePool("current", [url]) as pool:
+                await pool.generate("warm", prompt, params)  # the engine's KV cache is in use
+                measure("engine_generated")
+                memory = EngineMemory({"current": pool})
+                released = await memory.release(["current"])
+                measure("engine_released")
+                train = await anyio.to_thread.run_sync(learner.train_step, _samples(learner.config.vocab_size))
+                measure("learner_trained")
+                resumed = await memory.resume()
+                measure("engine_resumed")
+                stats = await anyio.to_thread.run_sync(transport.send, learner.named_full_tensors(), 1)
+                await memory.continue_unsynced(["current"])
+                out = await pool.generate("after", prompt, params)
+                measure("after_sync")
+                return released, resumed, stats, train, out
+
+        released, resumed, stats, train, out = anyio.run(step)
+        transport.close()
+    finally:
+        driver.shutdown()
+    freed = points["engine_generated"]["gpu_used_mib"] - points["engine_released"]["gpu_used_mib"]
+    return {
+        "ok": backend == "gloo" and transport.backend == "gloo" and freed > 0 and out.weight_version == 1
+        and math.isfinite(train["loss"]),
+        "backend": transport.backend, "why": why, "freed_by_release_mib": round(freed, 1),
+        "memory": points, **released, **resumed, "sync_seconds": stats["seconds"], "sync_bytes": stats["bytes"],
+        "weight_version_after": out.weight_version,
+    }

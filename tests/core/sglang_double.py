@@ -44,6 +44,21 @@ and the weight updater of 0.5.x were read for each point):
   counts and no busy time; ``/get_load`` answers SGLang's list of one ``GetLoadReqOutput``
   per DP rank (``rid``, ``http_worker_ipc``, ``dp_rank``, ``num_reqs`` = running + waiting,
   ``num_waiting_reqs``, ``num_tokens``), requests waiting while paused included;
+* ``/release_memory_occupation {tags}`` and ``/resume_memory_occupation {tags}`` follow 0.5.x
+  (``http_server.py``, ``tokenizer_communicator_mixin.py``, ``scheduler_update_weights_mixin.py``):
+  the body's ``tags`` (``weights``, ``kv_cache``, ``cuda_graph``; none or ``[]``: all three)
+  are added to / removed from the scheduler's ``offload_tags`` and the answer is ``null``. The
+  scheduler *asserts* that no request is running or waiting when memory is released, and
+  resuming a tag that was not released is a ``KeyError`` there; either kills SGLang's
+  scheduler and with it the server, and so the double exits (code 70) without answering.
+  Only with ``--enable-memory-saver`` is memory actually released (without it SGLang's
+  adapter is a no-op and generation goes on as before). With it, a request that reaches the
+  scheduler while ``kv_cache`` or ``weights`` is released would touch freed GPU memory: the
+  double exits as SGLang dies of the CUDA error; a paused server holds requests back, so they
+  wait. Resumed weights hold no values (torch_memory_saver maps fresh memory): SGLang would
+  generate from garbage until every parameter was written by a weight update; the double
+  refuses such a request with 500 instead (``stale_weights`` in ``/double/state``) -- the
+  one place it is stricter than SGLang, to make the mistake visible;
 * ``--api-key KEY`` makes every route but ``/health*`` (and the test-only ``/double/*``)
   answer 401 to a request without ``Authorization: Bearer KEY``, as SGLang 0.5.x's
   ``add_api_key_middleware`` does (``/health`` and ``/metrics`` stay open there; its body is
@@ -89,6 +104,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--log-level", default="info")
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--api-key", default=None)
+    p.add_argument("--enable-memory-saver", action="store_true")
     return p.parse_args(argv)
 
 
@@ -141,6 +157,8 @@ class FakeSGLang:
         self.order: list[str] = []  # the routes called, in order
         self.tensors: dict[str, dict] = {}  # name -> {dtype, shape, sum} as received on TP rank 0
         self.model_params = _checkpoint_shapes(args.model_path)
+        self.offload_tags: set[str] = set()  # the scheduler's offload_tags
+        self.stale_weights: set[str] = set()  # parameters resumed without values, not written since
         self.app = App(name="sglang-double", token=args.api_key,
                        open_paths=("/health", "/health_generate", "/double/requests", "/double/state",
                                    "/double/config"))
@@ -155,6 +173,10 @@ class FakeSGLang:
             ("POST", "/destroy_weights_update_group", self.destroy_group),
             ("POST", "/update_weights_from_distributed", self.update_distributed),
             ("POST", "/update_weights_from_disk", self.update_disk),
+            ("POST", "/release_memory_occupation", self.release_memory),
+            ("GET", "/release_memory_occupation", self.release_memory),
+            ("POST", "/resume_memory_occupation", self.resume_memory),
+            ("GET", "/resume_memory_occupation", self.resume_memory),
             ("GET", "/double/requests", self.requests), ("GET", "/double/state", self.state),
             ("POST", "/double/config", self.configure),
         ]:
@@ -175,6 +197,7 @@ class FakeSGLang:
             await asyncio.wait_for(self._passed_gate(), self.health_timeout)
         except asyncio.TimeoutError:
             return Response(b"", 503, [])
+        self._touch_memory("the health check's generate request")
         return Response(b"", 200, [])
 
     async def _passed_gate(self) -> None:
@@ -233,6 +256,10 @@ class FakeSGLang:
         finally:
             self.gated -= 1
             self.gated_tokens -= prompt
+        self._touch_memory("a generate request")
+        if self.stale_weights:
+            raise HTTPError(500, f"TEST DOUBLE: the weights were resumed without values and {len(self.stale_weights)} "
+                                 "parameters were not written since (SGLang would generate from garbage)")
         rid = str(body.get("rid") or id(body))
         req = self.running[rid] = _Req(rid, prompt)
         self.idle.clear()
@@ -322,6 +349,43 @@ class FakeSGLang:
             return Response(b"Cache not flushed: requests are running.\n", 400, [(b"content-type", b"text/plain")])
         return Response(b"Cache flushed.\n", 200, [(b"content-type", b"text/plain")])
 
+    # -- memory -------------------------------------------------------------------------
+
+    def _released(self) -> set[str]:
+        """What is really released: nothing without the memory saver (SGLang's no-op adapter)."""
+        return self.offload_tags & {"weights", "kv_cache"} if self.args.enable_memory_saver else set()
+
+    def _die(self, why: str) -> None:
+        """SGLang's scheduler raised: it SIGQUITs its parent and the whole server goes."""
+        print(f"Scheduler hit an exception: {why}", file=sys.stderr, flush=True)
+        os._exit(70)
+
+    def _touch_memory(self, what: str) -> None:
+        released = self._released()
+        if released:
+            self._die(f"{what} ran with {sorted(released)} released: RuntimeError: CUDA error: an illegal memory "
+                      "access was encountered")
+
+    async def release_memory(self, request: Request) -> Any:
+        body = self.record(request)
+        tags = body.get("tags") or ["weights", "kv_cache", "cuda_graph"]
+        waiting = self.gated if not self.paused else 0  # held by the paused tokenizer manager: not the scheduler's
+        if self.running or waiting:
+            self._die("AssertionError: release_memory_occupation should be called only when no ongoing request.")
+        self.offload_tags.update(tags)
+        return None
+
+    async def resume_memory(self, request: Request) -> Any:
+        body = self.record(request)
+        tags = body.get("tags") or ["weights", "kv_cache", "cuda_graph"]
+        for tag in tags:
+            if tag not in self.offload_tags:
+                self._die(f"KeyError: {tag!r} (offload_tags.remove in resume_memory_occupation)")
+            self.offload_tags.remove(tag)
+            if tag == "weights" and self.args.enable_memory_saver:
+                self.stale_weights = set(self.model_params or ())
+        return None
+
     # -- weights ------------------------------------------------------------------------
 
     async def init_group(self, request: Request) -> Response:
@@ -366,6 +430,9 @@ class FakeSGLang:
         if group is None:
             return _result(False, f"Group {name} not in {sorted(self.groups)}. Please call "
                                   "`init_weights_update_group` first.")
+        if "weights" in self._released():
+            self._die("update_weights_from_distributed wrote into released weights: RuntimeError: CUDA error: an "
+                      "illegal memory access was encountered")
         await self._set(updating=True)
         try:
             if not self.paused:
@@ -381,6 +448,7 @@ class FakeSGLang:
             return _result(False, f"Failed to update parameter online: unknown parameters {unknown[:5]}.")
         for n, summary in zip(names, received[0], strict=True):
             self.tensors[n] = summary
+            self.stale_weights.discard(n)
         if body.get("weight_version") is not None:
             self.weight_version = str(body["weight_version"])
         return _result(True, "Succeeded to update parameter online.")
@@ -415,6 +483,8 @@ class FakeSGLang:
                 "order": [r for r in self.order if r != "/generate"],
                 "groups": {n: {"ranks": g.ranks, "world_size": g.world_size} for n, g in self.groups.items()},
                 "progress": {rid: self.progress.get(rid, 0) for rid in self.running},
+                "offload_tags": sorted(self.offload_tags), "released": sorted(self._released()),
+                "stale_weights": len(self.stale_weights),
                 "tensors": self.tensors}
 
 

@@ -94,6 +94,9 @@ def test_async_learner_and_engines_get_disjoint_gpus_and_tp_ranks_join(fake_gpus
         assert all(len(g.split(",")) == 1 for g in learner_gpus) and len(engine_gpus) == 2
         assert len({*learner_gpus, *engine_gpus}) == 3
         assert pools.ranks_per_engine == {"current": 2}
+        # no engine on a learner GPU: NCCL could carry the weights, and the engine keeps its memory
+        assert pools.shared == {"current": {"rank0": False, "any_rank": False}}
+        assert "--enable-memory-saver" not in engine_state(url)["argv"]
 
         async def connect_and_sync():
             await pools.learner.connect(pools.urls, pools.learner_address, pools.ranks_per_engine)
@@ -125,6 +128,9 @@ def test_colocated_sync_mode_shares_each_gpu(fake_gpus, tiny_model_dir, tmp_path
         # each engine shares its two GPUs with the two learner ranks placed on the same devices
         assert engines == [{ranks[0]["visible"], ranks[1]["visible"]}, {ranks[2]["visible"], ranks[3]["visible"]}]
         assert {r["master"][0] for r in ranks} == {pools.learner_address}
+        # (node, physical GPU) of learner rank 0 is an engine's: gloo, and the engines release memory
+        assert pools.shared == {"current": {"rank0": True, "any_rank": True}}
+        assert all("--enable-memory-saver" in engine_state(u)["argv"] for u in pools.urls["current"])
     finally:
         pools.shutdown()
 

@@ -456,3 +456,101 @@ async def test_busy_metric_on_sglang_reads_get_load_and_is_nonzero_while_generat
             async with httpx.AsyncClient() as http:  # /get_load is behind the API key, as in SGLang
                 assert (await http.get(url + "/get_load")).status_code == 401
         stop.set()
+
+
+# -- colocated: release and resume memory around the learner step --------------------------------
+
+
+def test_a_colocated_sglang_engine_starts_with_its_memory_saver(tmp_path):
+    driver = SGLangDriver(sglang_config(), log_dir=str(tmp_path / "logs"))
+    assert "--enable-memory-saver" not in driver.command("/m", 30000, 1, "current-0", 0)
+    driver.release_memory = True  # what the engine host sets when its pool shares the learner's GPU
+    assert "--enable-memory-saver" in driver.command("/m", 30000, 1, "current-0", 0)
+
+
+@pytest.mark.processes
+async def test_sglang_releases_around_a_learner_step_and_holds_requests_until_the_sync(tmp_path, monkeypatch,
+                                                                                        tiny_model_dir):
+    from safetensors.torch import load_file
+
+    from agentrl_core.train.engine_memory import EngineMemory
+    from agentrl_core.train.weight_sync import CollectiveTransport
+
+    shim = install_shim(tmp_path / "shim")
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    monkeypatch.setenv("SGLANG_DOUBLE_STARTUP_S", "0")
+    driver = SGLangDriver(sglang_config(python=sys.executable, startup_timeout=60), log_dir=str(tmp_path / "logs"))
+    driver.release_memory = True
+    weights = list(load_file(str(tiny_model_dir / "model.safetensors")).items())
+    with driver:
+        [url] = await anyio.to_thread.run_sync(driver.launch, "current", str(tiny_model_dir), [[0]])
+        transport = CollectiveTransport(None, backend="gloo", bucket_mb=0.5, dtype="bfloat16", timeout_s=60)
+        await anyio.to_thread.run_sync(transport.connect, "127.0.0.1", [url])
+        answers = {}
+        async with EnginePool("current", [url]) as pool, httpx.AsyncClient(base_url=url, timeout=30) as http:
+            memory = EngineMemory({"current": pool})
+
+            async def generate(key, n):
+                answers[key] = await pool.generate(key, [1, 2, 3], {"max_new_tokens": n})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(generate, "cut", 2000)  # 10 s: the release's pause aborts it
+                await wait_until_received([url], "/generate", [1])
+                metrics = await memory.release(["current"])  # the learner step is due a sync
+                assert metrics["time/engine_release_s"] >= 0.0
+                state = (await http.get("/double/state")).json()
+                assert state["paused"] and state["released"] == ["kv_cache", "weights"]
+                assert (await http.get("/double/requests")).json()["/release_memory_occupation"] == [
+                    {"tags": ["kv_cache", "weights"]}]
+                tg.start_soon(generate, "held", 4)  # arrives while released: SGLang holds it (paused)
+                await wait_until_received([url], "/generate", [2])
+                await memory.resume()
+                assert (await http.get("/double/state")).json()["stale_weights"] == len(weights)
+                assert "held" not in answers  # still held: the resumed weights have no values yet
+                stats = await anyio.to_thread.run_sync(transport.send, iter(weights), 1)  # continues the pool
+                await memory.continue_unsynced(["current"])
+            await anyio.to_thread.run_sync(transport.close)
+            assert answers["cut"].finish_reason == "abort"
+            assert answers["held"].output_ids == [6, 7, 8, 9] and answers["held"].weight_version == 1
+            state = (await http.get("/double/state")).json()
+            assert state["stale_weights"] == 0 and state["offload_tags"] == [] and stats["tensors"] == len(weights)
+            assert [r for r in state["order"] if "memory" in r or "generation" in r] == [
+                "/pause_generation", "/release_memory_occupation", "/resume_memory_occupation",
+                "/pause_generation", "/continue_generation"]
+        assert driver.procs.processes[0][1].poll() is None  # alive throughout
+
+
+@pytest.mark.processes
+async def test_the_double_dies_as_sglang_does_when_memory_is_released_under_a_running_request(
+        tmp_path, monkeypatch, tiny_model_dir):
+    shim = install_shim(tmp_path / "shim")
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    monkeypatch.setenv("SGLANG_DOUBLE_STARTUP_S", "0")
+    driver = SGLangDriver(sglang_config(python=sys.executable, startup_timeout=60), log_dir=str(tmp_path / "logs"))
+    driver.release_memory = True
+    with driver:
+        urls = await anyio.to_thread.run_sync(driver.launch, "current", str(tiny_model_dir), [[0], [1]])
+        running, resumed_early = urls
+        async with EngineClient(running) as client, EngineClient(resumed_early) as other:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_generate_ignoring_errors, client)
+                await wait_until_received([running], "/generate", [1])
+                with pytest.raises(EngineError):  # the scheduler's assertion takes the server down: no answer
+                    await client.release_memory_occupation(["kv_cache"])
+            # paused and released, then continued before the memory was resumed: the next request dies
+            await other.pause_generation("abort")
+            await other.release_memory_occupation(None)
+            await other.continue_generation()
+            with pytest.raises(EngineError):
+                await other.generate([1, 2, 3], {"max_new_tokens": 2})
+        procs = [proc for _, proc, _ in driver.procs.processes]
+        await anyio.to_thread.run_sync(lambda: [p.wait(10) for p in procs])
+        assert [p.returncode for p in procs] == [70, 70]
+        logs = [path.read_text() for _, _, path in driver.procs.processes]
+        assert "should be called only when no ongoing request" in logs[0]
+        assert "illegal memory access" in logs[1]
+
+
+async def _generate_ignoring_errors(client):
+    with pytest.raises(EngineError):
+        await client.generate([1, 2, 3], {"max_new_tokens": 2000})

@@ -225,6 +225,9 @@ class EngineConfig:
     health_timeout: float = field(default=30.0, validator=in_range(0.0, lo_open=True))
     # the deadline of every other engine call, a whole generation included
     request_timeout: float = field(default=900.0, validator=in_range(0.0, lo_open=True))
+    # engines sharing a device with the learner release their memory (KV cache; weights when a sync
+    # follows) while it trains, and resume it after; null (auto): on when they share a GPU
+    release_memory: bool | None = None
     hf: HFEngineOptions = field(factory=HFEngineOptions)
     sglang: SGLangOptions = field(factory=SGLangOptions)
     # engine.<driver>: a plugin driver's section (engine.vllm), validated by its schema

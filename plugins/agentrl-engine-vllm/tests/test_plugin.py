@@ -137,3 +137,19 @@ def test_the_nccl_transport_takes_weight_sync_dtype_and_ranks_per_engine():
     ]
     as_they_are = list(prepared(weights, None, device="cpu"))
     assert as_they_are[0][1].dtype == torch.float32 and as_they_are[0][1][0, 0].item() == 1 + 2**-9
+
+
+def test_releasing_memory_on_cpu_is_refused_in_one_sentence_before_any_engine_starts(tmp_path):
+    # vLLM's CPU platform has no sleep mode: started with --enable-sleep-mode it fails with
+    # "Sleep mode is not supported on current platform." (vllm/config/model.py); the driver says so first
+    from agentrl_core.config import EngineConfig
+
+    driver = VLLMDriver(engine=EngineConfig(driver="vllm", device="cpu"), log_dir=str(tmp_path / "logs"))
+    driver.release_memory = True  # what the engine host sets for a pool sharing the learner's device
+    with pytest.raises(EngineLaunchError) as refused:
+        driver.launch("current", str(tmp_path / "model"), [[0]])
+    message = str(refused.value)
+    assert "vLLM's CPU backend has no sleep mode" in message and "engine.release_memory: false" in message
+    assert driver.procs.processes == []
+    cmd, _ = driver.command("m", {"device": "cuda", "gpus": [0]}, tmp_path / "p.json", "current-0")
+    assert "--enable-sleep-mode" in cmd[cmd.index("--options") + 1]  # on GPU: vLLM starts with its sleep mode

@@ -126,6 +126,62 @@ class EngineModel:
             self.cos_table, self.sin_table = cos[0], sin[0]
         log.debug("KV cache grown to %d positions per slot (%.1f MiB)", capacity, self.cache_bytes() / 2**20)
 
+    def release_kv_cache(self) -> int:
+        """Free the KV cache (every slot's positions are lost); returns the bytes freed."""
+        freed = self.cache_bytes()
+        self.k_cache = self.v_cache = torch.empty(0)
+        self.cos_table = self.sin_table = torch.empty(0)
+        self.capacity = 0
+        _empty_device_cache(self.device)
+        return freed
+
+    def resume_kv_cache(self, initial_capacity: int = 256) -> None:
+        """Allocate the KV cache again (it grows with the requests, as at start)."""
+        self._grow(min(initial_capacity, self.max_context))
+
+    def _weight_storages(self) -> list[torch.UntypedStorage]:
+        """The distinct storages behind every parameter and fused tensor (views share one)."""
+        tensors = [p for p in self.hf.parameters()]
+        for block in self.blocks:
+            tensors += [t for t in (block.qkv_w, block.qkv_b, block.gate_up_w) if t is not None]
+        storages: dict[int, torch.UntypedStorage] = {}
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage.nbytes():
+                storages.setdefault(storage.data_ptr(), storage)
+        return list(storages.values())
+
+    def release_weights(self) -> int:
+        """Offload the weights to host memory and free them on the device; returns the bytes freed.
+
+        Every storage is emptied in place (``resize_(0)``), so the parameters, the fused views
+        and the tied head keep pointing at the same storages, refilled by :meth:`resume_weights`
+        with the same values (SGLang's release, by contrast, drops them: its resumed weights
+        wait for a weight update). On CPU nothing would be gained: the weights stay.
+        """
+        if self.device.type == "cpu" or getattr(self, "_offloaded", None):
+            return 0
+        storages = self._weight_storages()
+        if not all(storage.resizable() for storage in storages):  # e.g. memory-mapped from a file
+            log.warning("the engine's weights are not in allocator memory and cannot be released; they stay")
+            return 0
+        offloaded = []
+        for storage in storages:
+            host = torch.UntypedStorage(storage.nbytes(), device="cpu")
+            host.copy_(storage)
+            offloaded.append((storage, host))
+        for storage, _ in offloaded:
+            storage.resize_(0)
+        self._offloaded = offloaded
+        _empty_device_cache(self.device)
+        return sum(host.nbytes() for _, host in offloaded)
+
+    def resume_weights(self) -> None:
+        for storage, host in getattr(self, "_offloaded", None) or []:
+            storage.resize_(host.nbytes())
+            storage.copy_(host)
+        self._offloaded = None
+
     @torch.inference_mode()
     def swap_slots(self, a: int, b: int, length: int) -> None:
         """Exchange the first ``length`` cached positions of slots ``a`` and ``b``."""
@@ -292,6 +348,12 @@ def _fuse(params: list[torch.nn.Parameter]) -> torch.Tensor:
         p.data = fused[offset : offset + n]
         offset += n
     return fused
+
+
+def _empty_device_cache(device: torch.device) -> None:
+    """Hand freed blocks back to the driver, so another process on the GPU can use them."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -141,6 +141,7 @@ class Scheduler:
         self.rng = torch.Generator().manual_seed(seed)
         self.stats = EngineStats()
         self.paused = False
+        self.released: set[str] = set()  # memory given up by /release_memory_occupation: "weights", "kv_cache"
         self.pending_update: set[str] = set()  # parameters written since the last pause
         self.model_path = ""
         # owned by the scheduler thread
@@ -224,6 +225,9 @@ class Scheduler:
         return self._abort(lambda r: True, ABORT_PAUSED, waiting=False)
 
     def resume(self, allow_partial_update: bool = False) -> None:
+        if self.released:
+            raise EngineConflict(f"the engine's {' and '.join(sorted(self.released))} memory is released: POST "
+                                 "/resume_memory_occupation before /continue_generation")
         if self.pending_update and not allow_partial_update:
             missing = self.model.required_names() - self.pending_update
             if missing:
@@ -242,6 +246,30 @@ class Scheduler:
         self.cached.clear()
         return dropped
 
+    def release_memory(self, tags: Sequence[str]) -> dict[str, int]:
+        """Free the KV cache and/or offload the weights (paused only); returns the bytes freed by tag.
+
+        Requests retracted by the pause keep their tokens and are prefilled again after
+        :meth:`resume_memory` and :meth:`resume`; every cached prefix is dropped.
+        """
+        self.require_paused("release_memory_occupation")
+        freed = {}
+        if "kv_cache" in tags and "kv_cache" not in self.released:
+            self.flush_cache()
+            self.slot_len = [0] * self.max_running
+            freed["kv_cache"] = self.model.release_kv_cache()
+        if "weights" in tags and "weights" not in self.released:
+            freed["weights"] = self.model.release_weights()
+        self.released.update(tags)
+        return freed
+
+    def resume_memory(self, tags: Sequence[str]) -> None:
+        if "weights" in tags and "weights" in self.released:
+            self.model.resume_weights()
+        if "kv_cache" in tags and "kv_cache" in self.released:
+            self.model.resume_kv_cache()
+        self.released.difference_update(tags)
+
     def require_paused(self, what: str) -> None:
         if not self.paused:
             raise EngineConflict(f"{what} needs generation paused first: POST /pause_generation, update, then "
@@ -249,6 +277,9 @@ class Scheduler:
 
     def apply_weights(self, named: Sequence[tuple[str, torch.Tensor]], version: Any, *, source: str) -> None:
         """Write tensors into the model (paused); the prefix cache is always dropped."""
+        if "weights" in self.released:
+            raise EngineConflict("the engine's weights are released: POST /resume_memory_occupation before a weight "
+                                 "update")
         self.model.load_tensors(named)
         self.pending_update.update(_canonical(self.model, name) for name, _ in named)
         self.flush_cache()

@@ -164,6 +164,8 @@ class EngineServer:
             ("POST", "/abort_request", self.abort_request),
             ("POST", "/pause_generation", self.pause_generation),
             ("POST", "/continue_generation", self.continue_generation),
+            ("POST", "/release_memory_occupation", self.release_memory_occupation),
+            ("POST", "/resume_memory_occupation", self.resume_memory_occupation),
             ("POST", "/init_weights_update_group", self.init_weights_update_group),
             ("POST", "/destroy_weights_update_group", self.destroy_weights_update_group),
             ("POST", "/update_weights_from_distributed", self.update_weights_from_distributed),
@@ -290,6 +292,7 @@ class EngineServer:
         return {
             **self.scheduler.load(),
             "paused": self.scheduler.paused,
+            "released_memory": sorted(self.scheduler.released),
             "weight_version": self.scheduler.weight_version,
             "generated_tokens": stats.generated_tokens,
             "prompt_tokens": stats.prompt_tokens,
@@ -344,6 +347,25 @@ class EngineServer:
             raise HTTPError(409, str(exc)) from None
         return {"message": "Generation continued successfully.", "status": "ok",
                 "weight_version": self.scheduler.weight_version}
+
+    async def release_memory_occupation(self, request: Request) -> Any:
+        """SGLang's route: ``{tags}`` (``weights``, ``kv_cache``; none: both), only while paused.
+
+        The KV cache is freed; on a GPU the weights are offloaded to host memory and come back
+        unchanged on resume (SGLang drops them until a weight update). Answers ``null`` as SGLang.
+        """
+        tags = _memory_tags(request)
+        try:
+            freed = await self._command(lambda: self.scheduler.release_memory(tags))
+        except EngineConflict as exc:
+            raise HTTPError(409, str(exc)) from None
+        log.info("released %s memory (%s)", "+".join(tags), ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in freed.items()))
+        return None
+
+    async def resume_memory_occupation(self, request: Request) -> Any:
+        tags = _memory_tags(request)
+        await self._command(lambda: self.scheduler.resume_memory(tags))
+        return None
 
     # ------------------------------------------------------------------------------
     # Weight updates
@@ -497,6 +519,17 @@ def _destroy_group(group: Any) -> None:
         destroy_weight_update_group(group)
     except Exception as exc:  # best effort at shutdown
         log.warning("destroying a weight-update group failed: %s", exc)
+
+
+MEMORY_TAGS = ("weights", "kv_cache")
+
+
+def _memory_tags(request: Request) -> list[str]:
+    """The ``tags`` of a release/resume body: SGLang's ``weights`` and ``kv_cache`` (none or []: both)."""
+    tags = request.json_object(required=False).get("tags") or list(MEMORY_TAGS)
+    if not isinstance(tags, list) or any(t not in MEMORY_TAGS for t in tags):
+        raise HTTPError(400, f"tags must be a list of {', '.join(MEMORY_TAGS)}, got {tags!r}")
+    return tags
 
 
 def _url_host(host: str) -> str:

@@ -17,6 +17,7 @@ section 6.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -141,6 +142,7 @@ class Trainer:
             tp_size=c.engine.sglang.tp_size if c.engine.driver == "sglang" else 1,
         )
         self.echo(f"placement: {placement.describe()}")
+        self._plan_colocation(placement)
         control = None
         pools = None
         self.gateway_process = None
@@ -178,6 +180,27 @@ class Trainer:
             if control is not None:
                 control.stop()
 
+    def _plan_colocation(self, placement: Any) -> None:
+        """Say (and check) how weights reach the pools that share a device with the learner, and
+        which pools release their memory while it trains (docs/architecture.md section 6)."""
+        from agentrl_core.launch.placement import release_pools, shared_devices
+        from agentrl_core.train.weight_sync import WeightSyncError, choose_backend
+
+        c = self.config
+        shared = shared_devices(placement)
+        if c.weight_sync.transport == "collective":
+            for pool, where in shared.items():
+                try:
+                    backend, why = choose_backend(c.weight_sync.backend, cuda=placement.kind == "cuda",
+                                                  shared_device=where["rank0"], pool=f"pool {pool!r}")
+                except WeightSyncError as exc:
+                    raise ConfigError(str(exc)) from None
+                self.echo(f"weight sync to {pool}: collective over {backend} ({why})")
+        self.release_pools = release_pools(c.engine.release_memory, placement.kind, shared)
+        if self.release_pools:
+            self.echo(f"engines of {', '.join(self.release_pools)} release their memory while the learner trains "
+                      f"(engine.release_memory: {c.engine.release_memory})")
+
     def devices(self) -> tuple[str, list[int]]:
         """The device kind and the devices to place on: this machine's, or on a Ray cluster the
         cluster's GPUs (the driver may run on a node without any)."""
@@ -210,13 +233,16 @@ class Trainer:
         self.pools = pools
         self.learner_lock = anyio.Lock()  # one learner call at a time: ranks must see the same order
         self.tokenizer = load_tokenizer(c.model.path, c.model)
-        await self._bounded(pools.learner.connect(pools.urls, pools.learner_address, pools.ranks_per_engine),
+        shared = getattr(pools, "shared", {})
+        await self._bounded(pools.learner.connect(pools.urls, pools.learner_address, pools.ranks_per_engine,
+                                                  {p: s["rank0"] for p, s in shared.items()}),
                             what="forming the weight-update groups")
         async with ControllerClient(url) as client:
             self.client = client
             self.engine_pools = {name: EnginePool(name, urls, timeout=c.engine.request_timeout,
                                                   health_timeout=c.engine.health_timeout)
                                  for name, urls in pools.urls.items()}
+            self.engine_memory = self._engine_memory()
             self.watchdog = EngineWatchdog(self.engine_pools, restart=self._restart_engine,
                                            interval=c.engine.health_check_interval,
                                            unhealthy_checks=c.engine.unhealthy_checks, max_restarts=c.engine.max_restarts)
@@ -270,6 +296,15 @@ class Trainer:
                 if self.store is not None:
                     self.store.close()
         return summary
+
+    def _engine_memory(self) -> Any:
+        """The release/resume of the colocated pools' engine memory (None when no pool releases)."""
+        from agentrl_core.train.engine_memory import EngineMemory
+
+        names = getattr(self, "release_pools", [])
+        if not names:
+            return None
+        return EngineMemory({n: self.engine_pools[n] for n in names}, partial_rollouts=self.config.rollout.partial_rollouts)
 
     def _build_rollout(self, agent_loop: Any) -> None:
         """The buffer and the rollout manager that fills it (``self.stream`` is set)."""
@@ -364,25 +399,37 @@ class Trainer:
         if not learning_signal and not self._said_no_signal:
             self._said_no_signal = True
             self.echo(no_signal_note(trajectories, self.step + 1))
-        t_adv = time.monotonic()
+        t_adv = t_advantages = time.monotonic()
         token_logprobs = None
-        async with self.learner_lock:
-            learner_metrics = await self.pools.learner.train_step(samples)
-            t_train = time.monotonic()
-            if self.store is not None:  # the learner's log-probs of this step's loss tokens, for the store
-                token_logprobs = await self.pools.learner.take_token_logprobs()
-        t_fetch = time.monotonic() - t_train
-        version = self.step  # the weights being updated; the batch's lag is measured against them
-        self.step += 1
-        trained = sorted({t.group_id for t in trajectories})
-        self.stream.mark_done(trained)
-        self.stream.mark_done(self.buffer.take_spent())  # filtered by dynamic sampling, never to be trained
-        with open(self.run_dir / "trained_groups.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": self.step, "groups": trained}) + "\n")
-        for gid in self.manager.take_dropped():
-            log.info("group %s was dropped after repeated infrastructure failures", gid)
-        due = [p.name for p in pools_due(self.pool_specs, self.step)]
-        sync_metrics = await self._sync(due) if due else {}
+        memory = getattr(self, "engine_memory", None)  # colocated engines give their memory back meanwhile
+        memory_metrics: dict[str, float] = {}
+        async with contextlib.AsyncExitStack() as held:
+            if memory is not None:  # no health probes while the engines are paused and released
+                await held.enter_async_context(self.watchdog.suspended())
+                memory_metrics.update(await memory.release([p.name for p in pools_due(self.pool_specs, self.step + 1)]))
+                t_adv = time.monotonic()  # the learner's time starts once the engines made room
+            async with self.learner_lock:
+                learner_metrics = await self.pools.learner.train_step(samples)
+                t_train = time.monotonic()
+                if self.store is not None:  # the learner's log-probs of this step's loss tokens, for the store
+                    token_logprobs = await self.pools.learner.take_token_logprobs()
+            t_fetch = time.monotonic() - t_train
+            if memory is not None:
+                memory_metrics.update(await memory.resume())
+            version = self.step  # the weights being updated; the batch's lag is measured against them
+            self.step += 1
+            trained = sorted({t.group_id for t in trajectories})
+            self.stream.mark_done(trained)
+            self.stream.mark_done(self.buffer.take_spent())  # filtered by dynamic sampling, never to be trained
+            with open(self.run_dir / "trained_groups.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": self.step, "groups": trained}) + "\n")
+            for gid in self.manager.take_dropped():
+                log.info("group %s was dropped after repeated infrastructure failures", gid)
+            due = [p.name for p in pools_due(self.pool_specs, self.step)]
+            sync_metrics = await self._sync(due) if due else {}
+            if memory is not None:
+                await memory.continue_unsynced(due)
+            sync_metrics.update(memory_metrics)
         t_sync = time.monotonic()
         metrics: dict[str, Any] = {
             "step": self.step,
@@ -399,9 +446,9 @@ class Trainer:
             **(self.buffer.last_take.as_metrics() if self.buffer.last_take is not None else {}),
             **await self._engine_metrics(),
             "time/wait_rollout_s": wait_s,
-            "time/advantages_s": t_adv - t0,
+            "time/advantages_s": t_advantages - t0,
             "time/train_s": t_train - t_adv,
-            "time/sync_s": t_sync - t_train - t_fetch,
+            "time/sync_s": t_sync - t_train - t_fetch - memory_metrics.get("time/engine_resume_s", 0.0),
             "time/step_s": wait_s + (t_sync - t0),
             "trained_tokens_per_s": learner_metrics.get("num_tokens", 0.0) / max(wait_s + (t_sync - t0), 1e-9),
         }

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from attrs import frozen
 
@@ -121,3 +121,34 @@ def _share(rollout: list[int], pools: Sequence[PoolSpec]) -> dict[str, list[int]
             log.warning("pool %r gets no device of its own: it shares %s", pool.name, rollout[-1:])
             out[pool.name] = rollout[-1:]
     return out
+
+
+def shared_devices(placement: Placement, where: Callable[[int], Hashable] | None = None) -> dict[str, dict[str, bool]]:
+    """For each pool: does an engine share a device with learner rank 0 (``rank0``), with any learner rank (``any_rank``)?
+
+    Two slots share a device when they are on the same node and hold the same GPU (or CPU
+    core) id. ``where`` maps a placement index to that identity, e.g. ``(node address,
+    physical GPU id)`` as Ray reserved it; by default the index itself (the placement's
+    indices are global: index ``d`` is one device of one node).
+
+    ``rank0`` decides the weight-sync backend (NCCL refuses two ranks of a group on one GPU:
+    :func:`agentrl_core.train.weight_sync.choose_backend`); ``any_rank`` decides whether the
+    engines release their memory while the learner trains (``engine.release_memory``).
+    """
+    ident = where or (lambda d: d)
+    rank0 = {ident(d) for d in (placement.learner[0] if placement.learner else [])}
+    learner = {ident(d) for devs in placement.learner for d in devs}
+    out = {}
+    for pool, engines in placement.pools.items():
+        engine = {ident(d) for devs in engines for d in devs}
+        out[pool] = {"rank0": bool(engine & rank0), "any_rank": bool(engine & learner)}
+    return out
+
+
+def release_pools(setting: bool | None, kind: str, shared: dict[str, dict[str, bool]]) -> list[str]:
+    """The pools whose engines release their memory around each learner step: with
+    ``engine.release_memory`` unset (auto), those sharing a GPU with a learner rank; ``true``:
+    every pool sharing a device (on CPU too: the hf engine then frees its KV cache); ``false``: none."""
+    if setting is False:
+        return []
+    return [pool for pool, where in shared.items() if where["any_rank"] and (setting or kind == "cuda")]

@@ -37,7 +37,7 @@ from agentrl_core.config import Config
 from agentrl_core.errors import AgentrlError
 from agentrl_core.http.auth import TOKEN_ENV, env_token
 from agentrl_core.http.ports import free_port
-from agentrl_core.launch.placement import Placement
+from agentrl_core.launch.placement import Placement, release_pools, shared_devices
 from agentrl_core.train.learner_actor import LearnerService
 
 log = logging.getLogger(__name__)
@@ -128,8 +128,9 @@ class LearnerGroup:
         return list(answers)
 
     async def connect(self, pools: Mapping[str, list[str]], address: str | None = None,
-                      ranks_per_engine: Mapping[str, int] | None = None) -> None:
-        await self._each(lambda r: r.connect.remote(pools, address, ranks_per_engine))
+                      ranks_per_engine: Mapping[str, int] | None = None,
+                      shared_device: Mapping[str, bool] | None = None) -> None:
+        await self._each(lambda r: r.connect.remote(pools, address, ranks_per_engine, shared_device))
 
     async def train_step(self, samples: list[Any]) -> dict[str, float]:
         return (await self._each(lambda r: r.train_step.remote(samples)))[0]
@@ -160,7 +161,8 @@ class EngineHost:
     ``devices`` are what the engine gets: CPU cores, or *physical* GPU ids of this node.
     """
 
-    def __init__(self, kind: str, devices: Sequence[Any], config: Config, log_dir: str) -> None:
+    def __init__(self, kind: str, devices: Sequence[Any], config: Config, log_dir: str,
+                 release_memory: bool = False) -> None:
         from agentrl_core.rollout.drivers import build_engine_driver
 
         if kind == "cuda":
@@ -170,6 +172,8 @@ class EngineHost:
         # one machine: loopback only (the admin routes must not face the network); a cluster: this node
         self.host = node_address() if config.launch.address else "127.0.0.1"
         self.driver = build_engine_driver(config, log_dir=log_dir, host=self.host)
+        if release_memory and hasattr(self.driver, "release_memory"):  # SGLang: start with --enable-memory-saver
+            self.driver.release_memory = True
 
     def ranks_per_engine(self) -> int:
         from agentrl_core.rollout.drivers import ranks_per_engine
@@ -299,6 +303,8 @@ class RayPools:
             where = {plan.slot_bundle[0]: ray.get(probe.options(scheduling_strategy=strategy(plan.slot_bundle[0]))
                                                   .remote(), timeout=120)}
             physical, nodes = {}, {}
+        # which pools share a device with the learner: same node, same physical GPU (or core)
+        self.shared = shared_devices(placement, (lambda d: (nodes[d], physical[d])) if kind == "cuda" else None)
 
         def devices(devs: Sequence[int], who: str) -> list[Any]:
             if kind != "cuda":
@@ -318,10 +324,12 @@ class RayPools:
 
         engine_slots = [(pool, devs) for pool, engines in placement.pools.items() for devs in engines]
         remote_host = ray.remote(host_cls)
+        releasing = release_pools(config.engine.release_memory, kind, self.shared)
         for j, (pool, devs) in enumerate(engine_slots):
             slot = len(placement.learner) + j
+            extra = {"release_memory": True} if pool in releasing else {}
             host = remote_host.options(**resources(slot)).remote(
-                kind, devices(devs, f"engine {j} of pool {pool!r}"), config, str(run_dir / "logs"))
+                kind, devices(devs, f"engine {j} of pool {pool!r}"), config, str(run_dir / "logs"), **extra)
             self.hosts.setdefault(pool, []).append(host)
         self.urls: dict[str, list[str]] = {}
         self.host_of: dict[str, Any] = {}  # engine url -> the host actor that runs it

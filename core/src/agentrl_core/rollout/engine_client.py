@@ -430,6 +430,16 @@ class EngineClient:
     async def continue_generation(self, **options: Any) -> dict[str, Any]:
         return await self._json("POST", "/continue_generation", options)
 
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """SGLang's ``/release_memory_occupation {tags}``: free ``weights`` and/or ``kv_cache``
+        (None: every kind) while generation is paused and nothing runs; SGLang answers ``null``."""
+        await self.request("POST", "/release_memory_occupation", {"tags": list(tags)} if tags else {})
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """SGLang's ``/resume_memory_occupation {tags}``: take the memory back (None: every kind).
+        SGLang's resumed weights hold no values until new weights arrive."""
+        await self.request("POST", "/resume_memory_occupation", {"tags": list(tags)} if tags else {})
+
     # ------------------------------------------------------------------------------
     # Weight updates (docs/architecture.md section 5: pause -> all buckets -> continue)
 
@@ -617,6 +627,12 @@ class EnginePool:
 
     async def continue_generation(self) -> dict[str, Any]:
         return await self._each("continue_generation")
+
+    async def release_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, Any]:
+        return await self._each("release_memory_occupation", tags)
+
+    async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, Any]:
+        return await self._each("resume_memory_occupation", tags)
 
     async def update_weights_from_disk(self, model_path: str, weight_version: Any = None) -> dict[str, Any]:
         return await self._each("update_weights_from_disk", model_path, weight_version)

@@ -22,7 +22,11 @@ Command line (argument names checked against SGLang 0.5.x ``server_args`` and it
     python -m sglang.launch_server --model-path PATH --host 127.0.0.1 --port P --tp-size N
         --weight-version 0 --served-model-name POOL-I --random-seed S --skip-server-warmup
         [--dtype D] [--mem-fraction-static F] [--context-length C] [--tool-call-parser qwen25]
-        [--chat-template FILE] [--trust-remote-code] [--api-key TOKEN] [extra_args...]
+        [--chat-template FILE] [--trust-remote-code] [--enable-memory-saver] [--api-key TOKEN] [extra_args...]
+
+``--enable-memory-saver`` is added when the engines share a GPU with the learner and release
+their memory while it trains (``engine.release_memory``; ``/release_memory_occupation`` frees
+nothing without it).
 
 ``--api-key`` is the run's token (``AGENTRL_TOKEN``, see :mod:`agentrl_core.http.auth`):
 SGLang then answers 401 to a request without ``Authorization: Bearer TOKEN``, which every
@@ -78,6 +82,9 @@ class SGLangDriver:
         self.seed = seed
         self.procs = ManagedProcesses(log_dir)
         self.urls: dict[str, list[str]] = {}
+        # the engines share a GPU with the learner and release their memory while it trains
+        # (agentrl_core.train.engine_memory): SGLang frees nothing without its memory saver
+        self.release_memory = False
 
     @property
     def ranks_per_engine(self) -> int:
@@ -109,6 +116,8 @@ class SGLangDriver:
             cmd += ["--chat-template", self._chat_template_file()]
         if self.trust_remote_code:
             cmd += ["--trust-remote-code"]
+        if self.release_memory:
+            cmd += ["--enable-memory-saver"]
         token = env_token()
         if token is not None:  # the run's token (agentrl_core.http.auth): SGLang checks it as its API key
             cmd += ["--api-key", token]

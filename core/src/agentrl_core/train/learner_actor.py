@@ -51,11 +51,14 @@ class LearnerService:
         raise ValueError("connect needs the address engines reach learner rank 0 at")
 
     def connect(self, pools: Mapping[str, list[str]], address: str | None = None,
-                ranks_per_engine: Mapping[str, int] | None = None) -> None:
+                ranks_per_engine: Mapping[str, int] | None = None,
+                shared_device: Mapping[str, bool] | None = None) -> None:
         """Rank 0 forms one weight-sync transport per pool with that pool's engines (again, after a restart).
 
         ``address`` is where engines reach this rank (default: :meth:`default_address`);
-        ``ranks_per_engine`` the group ranks one engine of each pool takes (SGLang: its tp size).
+        ``ranks_per_engine`` the group ranks one engine of each pool takes (SGLang: its tp size);
+        ``shared_device`` whether an engine of each pool is on this rank's GPU (the collective
+        transport then picks gloo: :func:`~agentrl_core.train.weight_sync.choose_backend`).
         """
         if self.rank != 0:
             return
@@ -73,6 +76,8 @@ class LearnerService:
             transport = self.registry.build(WeightSyncTransportSpec, ws.transport, None, weight_sync=ws,
                                             model_dir=self.model_path, dtype=dtype,
                                             ranks_per_engine=(ranks_per_engine or {}).get(pool, 1),
+                                            shared_device=bool((shared_device or {}).get(pool, False)),
+                                            pool=f"pool {pool!r}",
                                             partial_rollouts=self.config.rollout.partial_rollouts)
             transport.connect(address or self.default_address(), urls)
             self.transports[pool] = transport

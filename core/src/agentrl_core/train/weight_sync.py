@@ -74,6 +74,7 @@ __all__ = [
     "SyncStopped",
     "write_hf_checkpoint",
     "transfer_dtype",
+    "choose_backend",
 ]
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
@@ -277,6 +278,30 @@ def transfer_dtype(setting: str | torch.dtype | None, *, model_dtype: str = "bfl
     return _DTYPES[setting]
 
 
+def choose_backend(setting: str, *, cuda: bool, shared_device: bool, pool: str = "the pool") -> tuple[str, str]:
+    """The collective backend for one pool, and why (the log and the docs say it).
+
+    ``auto`` picks NCCL only when it can work: on GPU, with no engine of the pool on learner
+    rank 0's GPU (NCCL refuses two ranks of one group on one device; colocated placements,
+    ``train.mode: sync`` or async on one GPU, put them there). Otherwise gloo, which moves
+    the tensors through host memory and works on a shared device. An explicit ``nccl`` on a
+    shared device cannot work and is refused.
+    """
+    if setting not in ("auto", "gloo", "nccl"):
+        raise WeightSyncError(f"weight_sync.backend {setting!r} is not one of auto, gloo, nccl")
+    if setting == "nccl" and shared_device:
+        raise WeightSyncError(f"weight_sync.backend nccl cannot work for {pool}: an engine shares learner rank 0's "
+                              "GPU and NCCL refuses two ranks of one group on one device; set weight_sync.backend "
+                              "to auto (gloo there) or gloo")
+    if setting != "auto":
+        return setting, "set by weight_sync.backend"
+    if not cuda:
+        return "gloo", "no CUDA on learner rank 0"
+    if shared_device:
+        return "gloo", "an engine shares learner rank 0's GPU, where NCCL refuses a second rank"
+    return "nccl", "the engines are on GPUs of their own"
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -427,7 +452,9 @@ class CollectiveTransport:
 
     Args (keywords, after the positional config which may be ``None`` or a
     :class:`~agentrl_core.config.WeightSyncConfig`; ``weight_sync=`` works too):
-        backend: ``gloo``, ``nccl`` or ``auto`` (NCCL when CUDA is available).
+        backend: ``gloo``, ``nccl`` or ``auto`` (:func:`choose_backend`: NCCL when CUDA is
+            available and no engine shares learner rank 0's GPU, else gloo).
+        shared_device: an engine of this pool is on learner rank 0's GPU (the placement says).
         bucket_mb: bucket size in MiB.
         dtype: cast tensors to this dtype before sending: a torch dtype, a name, or ``auto``
             (:func:`transfer_dtype` on this machine's device; default: as they are).
@@ -439,8 +466,10 @@ class CollectiveTransport:
 
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         s = _settings(config, kwargs)
-        backend = s.get("backend", "auto")
-        self.backend = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
+        self.shared_device = bool(s.get("shared_device", False))
+        self.backend, self.backend_reason = choose_backend(
+            s.get("backend", "auto"), cuda=torch.cuda.is_available(), shared_device=self.shared_device,
+            pool=s.get("pool") or "this pool")
         self.bucket_bytes = int(float(s.get("bucket_mb", 512.0)) * 2**20)
         self.dtype = transfer_dtype(s.get("dtype"), model_dtype=s.get("model_dtype", "bfloat16"),
                                     device_kind="cuda" if torch.cuda.is_available() else "cpu")
@@ -508,8 +537,8 @@ class CollectiveTransport:
             self._abandon(result.get("group"))
             raise
         self.group = result["group"]
-        log.info("weight-update group %s: learner + %d engines over %s at %s:%d; syncs pause with %s",
-                 self.group_name, len(engines), self.backend, address, port, self.pause_mode)
+        log.info("weight-update group %s: learner + %d engines over %s (%s) at %s:%d; syncs pause with %s",
+                 self.group_name, len(engines), self.backend, self.backend_reason, address, port, self.pause_mode)
 
     def send(self, named_tensors: NamedTensors, version: int) -> dict[str, float]:
         """Pause the pool, broadcast every bucket, continue with ``version``.

@@ -30,6 +30,7 @@ from agentrl_core.rollout.drivers import (
     resolve_device_kind,
     wait_healthy,
 )
+from agentrl_engine_vllm.front import NO_CPU_SLEEP
 from agentrl_engine_vllm.options import VLLMOptions, options_from
 from agentrl_engine_vllm.serve import MISSING_VLLM
 
@@ -62,6 +63,9 @@ class VLLMDriver:
         self.weight_version = weight_version
         self.procs = ManagedProcesses(log_dir)
         self.urls: dict[str, list[str]] = {}
+        # set by the engine host when the pool shares the learner's GPU (engine.release_memory): the
+        # engines start with vLLM's sleep mode, which /release_memory_occupation uses
+        self.release_memory = False
 
     def engine_options(self, device: str, index: int) -> dict[str, Any]:
         """engine.vllm with the run's values filled in where it leaves them open."""
@@ -73,6 +77,8 @@ class VLLMDriver:
         options["seed"] = self.options.seed + self.seed + index
         if getattr(self.model, "trust_remote_code", False):
             options["extra_args"] = ["--trust-remote-code", *options["extra_args"]]
+        if self.release_memory:
+            options["extra_args"] = ["--enable-sleep-mode", *options["extra_args"]]
         return options
 
     def command(self, model_path: str, slot: dict[str, Any], port_file: Path, name: str,
@@ -96,6 +102,8 @@ class VLLMDriver:
         slots = engine_slots(devices, kind) or [
             {"device": kind, "cpus": [], "gpus": []} for _ in range(self.engine.num_engines)]
         for slot in slots:
+            if self.release_memory and slot["device"] != "cuda":
+                raise EngineLaunchError(NO_CPU_SLEEP)
             if slot["device"] == "cuda" and len(slot["gpus"]) > 1:
                 raise EngineLaunchError(f"the vllm driver runs one GPU per engine (tensor parallel size 1); the "
                                         f"placement gave an engine {slot['gpus']}")

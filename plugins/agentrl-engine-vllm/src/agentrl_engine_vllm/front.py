@@ -21,6 +21,10 @@ agentrl route                               vLLM (server started with VLLM_SERVE
 ``GET /health``, ``/get_model_info``,       ``/health``, ``/metrics``
 ``/get_server_info``
 ``GET /weight_digests``                     ``/collective_rpc agentrl_weight_digests``
+``POST /release_memory_occupation {tags}``  ``POST /sleep?level=1`` (GPU, vLLM started with
+                                            ``--enable-sleep-mode``): weights to host memory,
+                                            KV cache dropped, whatever the tags; refused on CPU
+``POST /resume_memory_occupation {tags}``   ``POST /wake_up`` (every tag: level 1 kept the weights)
 vLLM's weight-transfer routes               passed through unchanged (the ``vllm_nccl``
 (``/init_weight_transfer_engine``, ...)     transport drives them on GPU)
 ``/v1/chat/completions``, ``/v1/models``    passed through
@@ -59,6 +63,9 @@ NOT_COLLECTIVE = ("the vllm engine does not join agentrl's torch.distributed wei
 PASS_THROUGH_POST = ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
                      "/finish_weight_update", "/shutdown_weight_transfer_engine", "/update_weight_version",
                      "/v1/chat/completions")
+NO_CPU_SLEEP = ("vLLM's CPU backend has no sleep mode (vLLM: \"Sleep mode is not supported on current platform\"), "
+                "so a vllm engine on CPU cannot release its memory while the learner trains; set "
+                "engine.release_memory: false")
 PASS_THROUGH_GET = ("/weight_info", "/is_paused", "/v1/models")
 PAUSE_MODES = {"abort": "aborted", "retract": "retracted"}  # /pause_generation modes -> what the answer counts
 _METRIC = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\} ([0-9.eE+-]+)$", re.M)
@@ -119,6 +126,8 @@ class Front:
             ("POST", "/continue_generation", self.continue_generation),
             ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
             ("GET", "/weight_digests", self.weight_digests),
+            ("POST", "/release_memory_occupation", self.release_memory),
+            ("POST", "/resume_memory_occupation", self.resume_memory),
             ("POST", "/init_weights_update_group", self.not_collective),
             ("POST", "/update_weights_from_distributed", self.not_collective),
             ("POST", "/destroy_weights_update_group", self.not_collective),
@@ -305,6 +314,22 @@ class Front:
         self.paused = False
         self.partial_update = None
         return {"message": "Generation continued successfully.", "status": "ok", "weight_version": self.weight_version}
+
+    async def release_memory(self, request: Request) -> Any:
+        """SGLang's route on vLLM's sleep mode: level 1 offloads the weights to host memory and drops
+        the KV cache (vLLM sleeps whole; the tags are not needed to resume correctly)."""
+        if self.device != "cuda":
+            raise HTTPError(400, NO_CPU_SLEEP)
+        if not self.paused:
+            raise HTTPError(409, "release_memory_occupation needs generation paused first (POST /pause_generation)")
+        await self._vllm_ok("POST", "/sleep", params={"level": "1"})
+        return None
+
+    async def resume_memory(self, request: Request) -> Any:
+        if self.device != "cuda":
+            raise HTTPError(400, NO_CPU_SLEEP)
+        await self._vllm_ok("POST", "/wake_up")  # no tags: weights and KV cache (level 1 kept the weights' values)
+        return None
 
     async def update_weights_from_disk(self, request: Request) -> Any:
         body = request.json_object()
