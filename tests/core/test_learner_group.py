@@ -34,7 +34,7 @@ class FakeRank:
 async def test_every_rank_gets_every_call_and_rank_0_answers():
     calls: list = []
     group = LearnerGroup([FakeRank(0, calls), FakeRank(1, calls)])
-    assert await group.connect({"current": ["http://e"]}, "10.0.0.1", {"current": 2}) is None
+    assert await group.connect({"current": ["http://e"]}, "10.0.0.1", {"current": 2}, {"current": True}) is None
     assert await group.train_step(["s"]) == {"rank": 0, "call": "train_step"}
     assert await group.sync(["current"], 3) == {"rank": 0, "call": "sync"}
     assert await group.save_checkpoint("/ckpt", {"step": 3}, 2, False) == {"rank": 0, "call": "save_checkpoint"}
@@ -42,7 +42,7 @@ async def test_every_rank_gets_every_call_and_rank_0_answers():
     assert await group.save_hf_model("/out") == {"rank": 0, "call": "save_hf_model"}
     for rank in (0, 1):
         assert [(name, args) for r, name, args in calls if r == rank] == [
-            ("connect", ({"current": ["http://e"]}, "10.0.0.1", {"current": 2})),
+            ("connect", ({"current": ["http://e"]}, "10.0.0.1", {"current": 2}, {"current": True})),
             ("train_step", (["s"],)),
             ("sync", (["current"], 3)),
             ("save_checkpoint", ("/ckpt", {"step": 3}, 2, False)),
