@@ -97,13 +97,13 @@ class VLLMDriver:
         return cmd, env
 
     def launch(self, pool: str, model_path: str, devices: Sequence[Any]) -> list[str]:
-        require_vllm(self.python)
         kind = resolve_device_kind(self.engine.device)
         slots = engine_slots(devices, kind) or [
             {"device": kind, "cpus": [], "gpus": []} for _ in range(self.engine.num_engines)]
+        if self.release_memory and any(slot["device"] != "cuda" for slot in slots):
+            raise EngineLaunchError(NO_CPU_SLEEP)
+        require_vllm(self.python)
         for slot in slots:
-            if self.release_memory and slot["device"] != "cuda":
-                raise EngineLaunchError(NO_CPU_SLEEP)
             if slot["device"] == "cuda" and len(slot["gpus"]) > 1:
                 raise EngineLaunchError(f"the vllm driver runs one GPU per engine (tensor parallel size 1); the "
                                         f"placement gave an engine {slot['gpus']}")
