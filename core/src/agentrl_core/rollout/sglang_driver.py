@@ -26,7 +26,7 @@ Command line (argument names checked against SGLang 0.5.x ``server_args`` and it
 
 ``--enable-memory-saver`` is added when the engines share a GPU with the learner and release
 their memory while it trains (``engine.release_memory``; ``/release_memory_occupation`` frees
-nothing without it).
+nothing without it; SGLang then needs the ``torch-memory-saver`` package).
 
 ``--api-key`` is the run's token (``AGENTRL_TOKEN``, see :mod:`agentrl_core.http.auth`):
 SGLang then answers 401 to a request without ``Authorization: Bearer TOKEN``, which every
