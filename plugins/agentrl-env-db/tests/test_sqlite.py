@@ -209,6 +209,30 @@ def test_oracle_error_rate(error_rate):
     assert rate == 1.0 if error_rate == 0 else 0.25 < rate < 0.75
 
 
+def test_oracle_slips_then_recovers():
+    """With error_rate > 0 some correct episodes first send a misspelled statement, get the
+    syntax error back, then the right statement: they still win, in one more round."""
+    async def main():
+        env = DBEnvironment()
+        slipped = []
+        for index in range(60):
+            agent = env.oracle("gen-train", index, error_rate=0.5, seed=index)
+            if agent.slip:
+                slipped.append((agent, await play_episode(env, "gen-train", index, agent)))
+        return slipped
+
+    slipped = anyio.run(main)
+    assert 5 <= len(slipped) <= 25  # about 0.5 x 0.5 of 60
+    for agent, episode in slipped:
+        assert episode.reward == 1.0 and episode.metrics["sql_errors"] == 1
+        first = agent.plan[0]["tool_calls"][0]["function"]["arguments"]
+        assert agent.plan[0]["tool_calls"][0]["function"]["name"] == "execute_sql"
+        assert first.split('"query": "')[1].split(" ")[0] in {"SELEC", "INSER", "UPDAT", "DELET"}
+        tool_replies = [m["content"] for m in episode.messages if m["role"] == "tool"]
+        assert tool_replies[0].startswith("SQLite execution error:")
+    assert all(not env_agent.slip for env_agent in [DBEnvironment().oracle("gen-train", i, error_rate=0.0) for i in range(20)])
+
+
 def test_sqlite_session_cannot_leave_its_memory_database(tmp_path):
     async def main():
         env = DBEnvironment(DBConfig(sqlite_max_mb=1))

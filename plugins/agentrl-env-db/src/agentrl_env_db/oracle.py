@@ -7,7 +7,10 @@ only for generated tasks, whose SQL is known to run; demonstrations then show th
 its result before the answer.
 
 With ``error_rate`` > 0 each episode goes wrong with that probability: a wrong answer, or a
-modification that is never made.
+modification that is never made. An episode that does not go wrong slips with the same
+probability when its gold SQL runs: it first sends the statement with its first keyword
+misspelled (``SELEC``, ``UPDAT``: a syntax error that changes nothing), reads the error and
+then sends the right statement, so demonstrations also show a recovery.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ def wrong_answer(label: Sequence[str], rng: random.Random) -> list[str]:
     return [f"{label[0] if label else 'none'} (not sure)"]
 
 
+def misspelled(query: str) -> str:
+    """``query`` with its first keyword missing its last letter: ``SELEC x FROM t``, a syntax error."""
+    head, _, rest = query.partition(" ")
+    return f"{head[:-1]} {rest}"
+
+
 class DBOracle:
     def __init__(self, task: DBTask, *, error_rate: float = 0.0, seed: int = 0) -> None:
         self.task = task
@@ -46,6 +55,12 @@ class DBOracle:
                 self.plan.append(assistant_tool_call("execute_sql", {"query": task.gold_sql}, call_id="call_0"))
             label = [str(x) for x in (task.answer or [])]
             answers = wrong_answer(label, rng) if mistake else label
+        # an episode that executes its gold SQL may slip first and recover
+        self.slip = bool(self.plan) and not mistake and error_rate > 0 and rng.random() < error_rate
+        if self.slip:
+            assert task.gold_sql is not None
+            self.plan = [assistant_tool_call("execute_sql", {"query": misspelled(task.gold_sql)}, call_id="call_0"),
+                         assistant_tool_call("execute_sql", {"query": task.gold_sql}, call_id="call_1")]
         self.plan.append(
             assistant_tool_call("commit_final_answer", {"answers": answers}, call_id=f"call_{len(self.plan)}")
         )
