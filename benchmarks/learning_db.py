@@ -47,6 +47,7 @@ from learning import (  # the learning benchmark's helpers
     ROOT,
     agentrl,
     machine,
+    read_metrics,
     require_plotting,
     sets,
     train,
@@ -133,9 +134,22 @@ def evaluate(model: str, out: Path, params: dict[str, Any]) -> dict[str, Any]:
         tasks[name] = {"success": statistics.fmean(per_repeat),
                        "spread": statistics.stdev(per_repeat) if len(per_repeat) > 1 else 0.0,
                        "per_repeat": per_repeat, "episodes": s["episodes"], "infra_failures": s["infra_failures"],
-                       "turns_mean": s.get("turns_mean"), "statuses": s.get("statuses")}
+                       "turns_mean": s.get("turns_mean"), "statuses": s.get("statuses"),
+                       "completed": (s.get("statuses") or {}).get("completed", 0) / max(s["episodes"], 1)}
     return {"tasks": tasks, "dev_by_type": {k: {"episodes": len(v), "success": sum(v) / len(v)}
                                             for k, v in sorted(by_kind.items())}, "seconds": r["seconds"]}
+
+
+def add_shaping(run: dict[str, Any], run_dir: Path) -> None:
+    """Add to each curve point the shaped training reward (``rollout.incomplete_punishment`` for an
+    episode that hits the round limit) and the share of episodes that commit an answer: with no
+    success yet, these carry RL's only signal."""
+    by_step = {int(m["step"]): m for m in read_metrics(run_dir)}
+    for point in run["curve"]:
+        m = by_step[int(point["step"])]
+        statuses = {k.rsplit("/", 1)[1]: v for k, v in m.items() if k.startswith("rollout/status/")}
+        point["training_reward"] = m.get("task/gen-train/training_reward")
+        point["completed"] = statuses.get("completed", 0.0) / max(sum(statuses.values()), 1.0)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -146,11 +160,16 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [2, 1]})
     curve = result["train"]["curve"]
-    ax1.plot([p["seconds"] / 60 for p in curve], [p["reward"] for p in curve], "-o", ms=3, color="tab:blue",
-             label="training reward (gen-train, batch mean)")
+    minutes = [p["seconds"] / 60 for p in curve]
+    ax1.plot(minutes, [p["reward"] for p in curve], "-o", ms=3, color="tab:blue", label="success (gen-train, batch mean)")
+    if curve and "completed" in curve[0]:
+        ax1.plot(minutes, [p["completed"] for p in curve], "-s", ms=3, color="tab:green",
+                 label="episodes that commit an answer")
+        ax1.plot(minutes, [p["training_reward"] for p in curve], "-^", ms=3, color="tab:orange",
+                 label="shaped training reward")
     ax1.set_xlabel("training time (minutes)")
-    ax1.set_ylabel("reward")
-    ax1.set_ylim(-0.02, 1.02)
+    ax1.set_ylabel("share / reward")
+    ax1.set_ylim(-0.3, 1.02)
     ax1.grid(alpha=0.3)
     ax1.legend()
     ax1.set_title("learning curve (metrics.jsonl)")
@@ -209,6 +228,7 @@ def main() -> int:
     run = train(prepared["model"], work / "grpo", params, config=CONFIG,
                 extra={**params["overrides"], "run__seed": args.seed, "tasks": [{"env": "db", "split": "gen-train", "name": "gen-train",
                                                           "indices": list(range(0, lo))}]})
+    add_shaping(run, work / "grpo")
     after = evaluate(run["model"], work / "eval_grpo", params)
     change = {n: after["tasks"][n]["success"] - before["tasks"][n]["success"] for n in before["tasks"]}
     print(f"RL: {run['steps']} steps in {run['train_command_s']:.0f} s"

@@ -44,6 +44,7 @@ def test_quick_db_learning_benchmark_runs_every_stage(tmp_path, tiny_model_dir):
             assert len(task["per_repeat"]) == params["eval_repeats"]
             assert task["episodes"] == 3 * params["eval_repeats"] and task["infra_failures"] == 0
             assert 0.0 <= task["success"] <= 1.0 and task["spread"] >= 0.0
+            assert task["completed"] == pytest.approx(task["statuses"].get("completed", 0) / task["episodes"])
         assert sum(k["episodes"] for k in ev["dev_by_type"].values()) == 3 * params["eval_repeats"]
     for name, change in result["change"].items():
         assert change == pytest.approx(result["after"]["tasks"][name]["success"] - result["before"]["tasks"][name]["success"])
@@ -52,6 +53,7 @@ def test_quick_db_learning_benchmark_runs_every_stage(tmp_path, tiny_model_dir):
     assert train["steps"] == params["total_steps"] and not train["interrupted"]
     assert [p["step"] for p in train["curve"]] == list(range(1, train["steps"] + 1))
     assert all(0.0 <= p["reward"] <= 1.0 and p["trajectories"] > 0 for p in train["curve"])
+    assert all(0.0 <= p["completed"] <= 1.0 and p["training_reward"] <= 1.0 for p in train["curve"])
     assert Path(train["model"]).name == "final_model" and train["model_step"] == train["steps"]
     config = yaml.safe_load((tmp_path / "work" / "grpo" / "config.yaml").read_text())
     trained = config["tasks"]
