@@ -147,7 +147,7 @@ def add_shaping(run: dict[str, Any], run_dir: Path) -> None:
     by_step = {int(m["step"]): m for m in read_metrics(run_dir)}
     for point in run["curve"]:
         m = by_step[int(point["step"])]
-        statuses = {k.rsplit("/", 1)[1]: v for k, v in m.items() if k.startswith("rollout/status/")}
+        statuses = {k.rsplit("/", 1)[1]: v for k, v in m.items() if k.startswith("task/gen-train/status/")}  # this step's
         point["training_reward"] = m.get("task/gen-train/training_reward")
         point["completed"] = statuses.get("completed", 0.0) / max(sum(statuses.values()), 1.0)
 
