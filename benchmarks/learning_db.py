@@ -5,12 +5,12 @@ The learning benchmark's pipeline (``benchmarks/learning.py``) on the real DB en
 
 1. ``agentrl model init --size tiny`` (or ``--size``/``--model``);
 2. ``agentrl demos --env db --split gen-train --error-rate 0.3``: oracle demonstrations of the
-   training tables (gen-train indices 0-345, 43 of its 54 tables), each episode wrong with
+   training tables (gen-train indices 0-345, 44 of its 54 tables), each episode wrong with
    probability 0.3 (a wrong answer, or a modification never made) and, when right, slipping
    with probability 0.3 (a misspelled statement, its error read, then the right one);
 3. ``agentrl sft`` on them;
 4. ``agentrl eval`` before RL, with repeats: **dev** (upstream's 59 held-out questions, the
-   target) and **gen-heldout** (gen-train's other 11 tables, indices 346-425: the question
+   target) and **gen-heldout** (gen-train's other 10 tables, indices 346-425: the question
    templates of training on tables never seen);
 5. ``agentrl train`` (GRPO, async, hf engine, FSDP2 learner) on the training tables for at most
    ``--budget-s`` seconds, checkpointing a Hugging Face model every few steps;
@@ -54,7 +54,7 @@ from learning import (  # the learning benchmark's helpers
 )
 
 CONFIG = ROOT / "examples" / "learning" / "db.yaml"
-TRAIN_TABLES_END = 346  # gen-train indices [0, 346): 43 tables; [346, 426): 11 tables held out
+TRAIN_TABLES_END = 346  # gen-train indices [0, 346): 44 tables; [346, 426): 10 tables held out
 
 FULL = {
     "size": "tiny", "demo_limit": TRAIN_TABLES_END, "demo_repeats": 1, "error_rate": 0.3, "sft_epochs": 2,
@@ -242,7 +242,7 @@ def main() -> int:
         "benchmark": "learning_db",
         "quick": args.quick,
         "params": {**params, "seed": args.seed, "config": str(CONFIG.relative_to(ROOT)),
-                   "train_tasks": f"db gen-train indices 0-{lo - 1} (43 tables)",
+                   "train_tasks": f"db gen-train indices 0-{lo - 1} (44 tables)",
                    "eval_tasks": eval_tasks(params), "targets": {"dev_improvement_at_least": TARGET_IMPROVEMENT}},
         "sft": {k: v for k, v in prepared.items() if k != "model"},
         "before": before,
