@@ -107,9 +107,13 @@ def _install_everything(session: nox.Session) -> None:
     _install(session, *args)
 
 
-@nox.session
-def integration(session: nox.Session) -> None:
-    """Every package together: cross-package and end-to-end tests."""
+# the benchmarks' quick variants (each the real command line end to end): a session of their own,
+# so that neither it nor `integration` runs past the 8 minutes a session may take on CI's 2 cores
+BENCHMARK_SMOKE = ["tests/integration/test_learning_smoke.py", "tests/integration/test_learning_db_smoke.py",
+                   "tests/integration/test_throughput_sweep.py"]
+
+
+def _integration_env(session: nox.Session) -> None:
     _install_everything(session)
     _install(session, "-r", str(ROOT / "benchmarks" / "requirements.txt"))  # the benchmark smoke tests plot
     for plugin_dir in PLUGINS.values():
@@ -117,7 +121,20 @@ def integration(session: nox.Session) -> None:
         if setup:
             session.run("bash", str(plugin_dir / setup), external=True)
     session.chdir(ROOT)
-    _pytest(session, "tests/integration")
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """Every package together: cross-package and end-to-end tests."""
+    _integration_env(session)
+    _pytest(session, "tests/integration", *[f"--ignore={path}" for path in BENCHMARK_SMOKE])
+
+
+@nox.session
+def benchmark_smoke(session: nox.Session) -> None:
+    """The quick variants of the learning (calc, db) and throughput benchmarks: the plumbing, not the targets."""
+    _integration_env(session)
+    _pytest(session, *BENCHMARK_SMOKE)
 
 
 @nox.session
