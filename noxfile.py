@@ -1,4 +1,4 @@
-"""Test sessions: core alone, each plugin alone with core, integration, lint, standalone, index.
+"""Test sessions: core alone, each plugin alone with core, integration, lint, standalone, index, image.
 
 ``nox`` runs every default session (what CI runs); ``nox -l`` lists them; ``nox -s env_db``
 runs one. Plugin sessions are discovered from ``plugins/*/pyproject.toml``; a plugin can
@@ -262,6 +262,21 @@ def index(session: nox.Session) -> None:
         session.run("python", str(source / "tests" / "index_check.py"), str(dist), str(source))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+@nox.session
+def image(session: nox.Session) -> None:
+    """The CPU container image (docker/cpu/Dockerfile): built without a registry, agentrl run inside.
+
+    Installs docker.io and debootstrap and starts dockerd where missing (as the env_os session
+    does, CI runs as root), then tests/image_check.py: the debootstrapped Debian base, the
+    wheelhouse from this checkout, ``docker build --network none``, and in the image
+    ``agentrl --version``, ``agentrl plugins`` and a two-step ``agentrl train`` of the quickstart.
+    """
+    session.env["AGENTRL_OS_SETUP_IMAGES"] = "0"  # the engine only, not the OS environment's task images
+    session.run("bash", str(ROOT / "plugins" / "agentrl-env-os" / "tests" / "ci_setup.sh"), external=True)
+    session.chdir(ROOT)
+    session.run("python", str(ROOT / "tests" / "image_check.py"), *session.posargs)
 
 
 @nox.session(default=False)

@@ -4,7 +4,7 @@
 # 1. install docker.io and debootstrap from Debian's packages (skipped when present);
 # 2. start dockerd (overlay2 storage, no bridge network, no iptables) unless one answers;
 # 3. build the task images with `agentrl-env-os build-images` (skipped when images with the
-#    same content hash exist).
+#    same content hash exist, or with AGENTRL_OS_SETUP_IMAGES=0).
 # Idempotent and non-interactive: running it again on a prepared machine takes a second or two.
 set -euo pipefail
 
@@ -77,7 +77,9 @@ if [ "$driver" != "overlay2" ]; then
     exit 1
 fi
 
-if have agentrl-env-os; then
+if [ "${AGENTRL_OS_SETUP_IMAGES:-1}" = 0 ]; then
+    log "not building the task images (AGENTRL_OS_SETUP_IMAGES=0: only the engine was wanted, e.g. by nox -s image)"
+elif have agentrl-env-os; then
     agentrl-env-os build-images
 else
     python -m agentrl_env_os.cli build-images
