@@ -29,13 +29,13 @@ fi
 # The dependencies are fetched again only when what decides them changed (the packages'
 # pyproject.toml files, constraints.txt, the arguments); agentrl's own wheels are always rebuilt.
 stamp=$( { cat constraints.txt core/pyproject.toml plugins/*/pyproject.toml; echo "$*"; } | sha256sum | cut -c1-16)
-if [ -f "$OUT/deps/.stamp" ] && [ "$(cat "$OUT/deps/.stamp")" = "$stamp" ]; then
+if [ -f "$OUT/.deps-stamp" ] && [ "$(cat "$OUT/.deps-stamp")" = "$stamp" ]; then
     rm -rf "$OUT/agentrl" && mkdir -p "$OUT/agentrl"
     "$PYTHON" -m pip wheel -q --no-deps --wheel-dir "$OUT/agentrl" ./core "${QUICKSTART[@]/#/./}" "$@"
 else
     rm -rf "$OUT" && mkdir -p "$OUT/deps" "$OUT/agentrl"
     "$PYTHON" -m pip wheel -q -c constraints.txt --wheel-dir "$OUT/deps" './core[train]' "${QUICKSTART[@]/#/./}" "$@"
     mv "$OUT"/deps/agentrl_*.whl "$OUT/agentrl/"
-    echo "$stamp" > "$OUT/deps/.stamp"
+    echo "$stamp" > "$OUT/.deps-stamp"  # outside deps/: the image copies deps/ whole
 fi
 echo "wheelhouse: $(ls "$OUT/agentrl" | wc -l) agentrl wheels, $(ls "$OUT/deps" | wc -l) dependencies ($(du -sh "$OUT" | cut -f1)) in $OUT"

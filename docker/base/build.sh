@@ -21,8 +21,9 @@ CHANGES=(--change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
          --change 'ENV LANG=C.UTF-8' --change 'CMD ["bash"]')
 
 say() { echo "build-base: $*" >&2; }
-# The mirror is not part of the content: the same suite from any mirror gives the same packages.
-TAG=$( { cat "$0"; echo "$SUITE $INCLUDE ${CHANGES[*]}"; } | sha256sum | cut -c1-12)
+# The tag: a hash of this script without its comments and messages (what decides the content).
+# The mirror is not part of it: the same suite from any mirror gives the same packages.
+TAG=$( { grep -v -E '^\s*(#|say )' "$0"; echo "$SUITE $INCLUDE ${CHANGES[*]}"; } | sha256sum | cut -c1-12)
 REF="$REPO:$TAG"
 
 if [ "${AGENTRL_BASE_FORCE:-0}" != 1 ] && docker image inspect "$REF" >/dev/null 2>&1; then
