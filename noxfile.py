@@ -267,7 +267,9 @@ def index(session: nox.Session) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-@nox.session
+# Not in the default run: a cold build (debootstrap, the wheelhouse, the torch layer) takes 15
+# minutes on CI's 2 cores, more than a session may take; run it where images are released.
+@nox.session(default=False)
 def image(session: nox.Session) -> None:
     """The CPU container image (docker/cpu/Dockerfile): built without a registry, agentrl run inside.
 
