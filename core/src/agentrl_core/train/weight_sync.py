@@ -352,7 +352,7 @@ class _Engines:
 
     async def _all(self, method: str, kwargs_per_engine: Sequence[dict[str, Any]], seconds: float,
                    errors: list[str] | None = None, failed: threading.Event | None = None,
-                   gone_ok: bool = False) -> list[Any]:
+                   gone_ok: bool = False, deadline: _Deadline | None = None) -> list[Any]:
         import anyio
 
         from agentrl_core.rollout.engine_client import EngineUnavailable
@@ -370,7 +370,12 @@ class _Engines:
                 with anyio.fail_after(seconds):
                     results[i] = await getattr(self.clients[i], method)(**kwargs_per_engine[i])
             except TimeoutError:
-                error(f"{self.urls[i]}: no answer within {seconds:.3g} s")
+                if deadline is not None and deadline.end - time.monotonic() < 0.05:
+                    # the call's time was what the whole operation had left: say it is the deadline
+                    error(f"{self.urls[i]}: {deadline.what} did not finish within {deadline.seconds:g} s "
+                          "(weight_sync.timeout_s)")
+                else:
+                    error(f"{self.urls[i]}: no answer within {seconds:.3g} s")
             except EngineUnavailable as exc:
                 if not gone_ok:
                     error(f"{self.urls[i]}: {exc}")
@@ -397,7 +402,8 @@ class _Engines:
         ``gone_ok``: an engine no connection can be made to is skipped (answer ``None``), not an error.
         """
         per_engine = per_engine or [kwargs] * len(self.clients)
-        return self.portal.start_task_soon(self._all, method, per_engine, deadline.left(), errors, failed, gone_ok)
+        return self.portal.start_task_soon(self._all, method, per_engine, deadline.left(), errors, failed, gone_ok,
+                                           deadline)
 
     def call(self, method: str, deadline: _Deadline, gone_ok: bool = False, **kwargs: Any) -> list[Any]:
         return wait(self.start(method, deadline, gone_ok=gone_ok, **kwargs), deadline)
