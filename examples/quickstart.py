@@ -6,7 +6,7 @@ Steps, each through the real `agentrl` command line:
   1. agentrl model init    a tiny Qwen2-architecture model and tokenizer, built locally
   2. agentrl demos         oracle demonstrations of the calc example environment (some with mistakes)
   3. agentrl sft           supervised cold start on them
-  4. agentrl eval          held-out success of the SFT model on calc's test problems (3 repeats)
+  4. agentrl eval          held-out success of the SFT model on 100 of calc's test problems (3 repeats)
   5. agentrl train         asynchronous RL on calc + db (SQLite) + kg (embedded) + webshop + alfworld,
                            ending with the per-task table and the trained policy in <out>/final_model
   6. agentrl eval <out>    the same held-out problems with the trained policy: before/after with spread,
