@@ -174,7 +174,10 @@ def test_gateway_api_fuzzed(engine, tiny_model_dir):
         live = [httpx.post(f"{url}/sessions", json={"task": "fuzz"}, headers=AUTH).json()["id"] for _ in range(4)]
         set_param(document, "id", {"type": "string", "enum": [*live, "no-such-session"]})
         set_schema(document, "/admin/pools", "post", {"type": "object", "required": ["pools"], "properties": {
-            "pools": {"oneOf": [{"type": "object", "enum": [{"current": [engine.url]}]}, {"type": "object"}]}}})
+            "pools": {"anyOf": [{"type": "object", "required": ["current"], "additionalProperties": False,
+                                 "properties": {"current": {"type": "array", "minItems": 1, "items": {
+                                     "type": "string", "enum": [engine.url]}}}},
+                                {"type": "object"}]}}})
         try:
             fuzz(url, document, skip_unauthenticated=("/v1/", "/sessions/{id}/v1/"))
         finally:
@@ -184,3 +187,15 @@ def test_gateway_api_fuzzed(engine, tiny_model_dir):
         reply = httpx.post(f"{session['base_url']}/chat/completions", json={
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, timeout=30)
         assert reply.status_code == 200, reply.text
+
+
+def test_engine_refuses_what_the_fuzzing_found_with_one_sentence(engine):
+    # a seed past 64 bits used to fail the scheduler's step, so every request in flight got a 500
+    response = httpx.post(f"{engine.url}/generate", json={"input_ids": [1, 2], "sampling_params": {
+        "max_new_tokens": 2, "seed": 2**70}}, headers=AUTH, timeout=30)
+    assert response.status_code == 400 and "64-bit" in response.json()["detail"]
+    # a rank outside the group used to wait for its peers for the group timeout (30 min)
+    response = httpx.post(f"{engine.url}/init_weights_update_group", json={
+        "master_address": "127.0.0.1", "master_port": 29999, "rank_offset": 1, "world_size": 1}, headers=AUTH,
+        timeout=30)
+    assert response.status_code == 400 and "rank_offset < world_size" in response.json()["message"]
