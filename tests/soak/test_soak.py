@@ -173,7 +173,6 @@ def processes_of(run_dir: Path) -> list[str]:
 
 def session_databases(url: str) -> list[str]:
     import pymysql
-
     from agentrl_env_db.config import DBConfig, resolve_url
 
     parts = resolve_url(DBConfig(backend="mysql", url=url))
