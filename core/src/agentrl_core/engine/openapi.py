@@ -77,6 +77,7 @@ def engine_openapi(version: str) -> dict[str, Any]:
     empty = {"description": "Healthy (no body)."}
     info = json_content(OBJECT, "About the model and engine.")
     flushed = text_content("How many cached prefixes were dropped.")
+    memory = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}}}
     paths = {
         "/generate": {"post": operation(
             "SGLang's /generate: one completion of input_ids (or text).",
@@ -115,6 +116,12 @@ def engine_openapi(version: str) -> dict[str, Any]:
             "Load weights from a safetensors checkpoint on this machine.", weights,
             body={"type": "object", "required": ["model_path"], "properties": {
                 "model_path": {"type": "string"}, "weight_version": {"type": "string"}}}, responses=refused)},
+        "/release_memory_occupation": {"post": operation(
+            "Free the KV cache (and offload the weights on a GPU) while paused; answers null.",
+            json_content({"nullable": True}, "Released."), codes=(400, 409), body=memory, body_required=False)},
+        "/resume_memory_occupation": {"post": operation(
+            "Take the released memory back; answers null.", json_content({"nullable": True}, "Resumed."),
+            codes=(400,), body=memory, body_required=False)},
         "/v1/chat/completions": {"post": operation(
             "OpenAI chat completion (tools parsed by the engine's tool parser).",
             json_content(OBJECT, "A chat.completion."), codes=(400, 503), body=ref("ChatCompletion"))},
