@@ -152,6 +152,16 @@ def view_browser(session: nox.Session) -> None:
 
 
 @nox.session
+def soak(session: nox.Session) -> None:
+    """The fault-and-load soak (tests/soak, ~4 min): db on MariaDB, os in Docker, calc, with faults injected."""
+    _install_everything(session)
+    for plugin in ("agentrl-env-db", "agentrl-env-os"):  # MariaDB binaries; dockerd and the os images
+        session.run("bash", str(ROOT / "plugins" / plugin / "tests" / "ci_setup.sh"), external=True)
+    session.chdir(ROOT)
+    _pytest(session, "-s", "tests/soak")
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff, the import-linter contracts of tests/write_importlinter.py (core imports no plugin, core's layers), the workflows, the Dockerfiles."""
     _install(session, "ruff>=0.6", "import-linter>=2.17")

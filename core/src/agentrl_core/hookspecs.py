@@ -127,7 +127,10 @@ def agentrl_rollout_engines() -> Iterable[RolloutEngineSpec]:
     """Engine drivers (built-in: ``hf``, ``sglang``).
 
     The factory takes the config section and returns an EngineDriver with
-    ``launch(pool, model_path, devices) -> [endpoint]`` and ``shutdown()``::
+    ``launch(pool, model_path, devices) -> [endpoint]`` and ``shutdown()``; when a pool's engines
+    are spread over several launchers (one per placement slot), ``launch`` is also given
+    ``first_index=k``, the number of this launcher's first engine in the pool, for its engines'
+    names (``<pool>-<k>``: logs, port files) and seeds::
 
         @hookimpl
         def agentrl_rollout_engines():

@@ -276,6 +276,31 @@ def test_sweeper_removes_what_a_killed_worker_left(mysql_config, tmp_path):
     assert final == ([], [])
 
 
+@pytest.mark.processes
+def test_a_worker_outliving_a_killed_peer_removes_its_leftovers_at_close(mysql_config, tmp_path):
+    # the survivor swept at its start, before its peer died: without a sweep at close the peer's
+    # databases would stay until the next worker starts
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+
+    async def main():
+        survivor = DBEnvironment(mysql_config)
+        await survivor.backend.ensure_ready()
+        assert survivor.backend.swept == []
+        peer = subprocess.Popen([sys.executable, str(script), mysql_config.url], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        names = (await anyio.to_thread.run_sync(peer.stdout.readline)).split()
+        os.kill(peer.pid, signal.SIGKILL)
+        peer.wait()
+        assert set(names) <= set((await _leftovers(mysql_config))[0])
+        await survivor.aclose()
+        return names, survivor.backend.swept, await _leftovers(mysql_config)
+
+    names, swept, after = anyio.run(main)
+    assert len(names) == 3 and sorted(swept) == sorted(names)
+    assert after == ([], [])
+
+
 def test_session_start_is_fast(mysql_config):
     async def main():
         env = DBEnvironment(mysql_config)

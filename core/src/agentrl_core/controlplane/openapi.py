@@ -166,3 +166,71 @@ def controller_openapi(version: str) -> dict[str, Any]:
                        "securitySchemes": {"token": {"type": "http", "scheme": "bearer",
                                                      "description": "The run's token (AGENTRL_TOKEN)."}}},
     }
+
+
+def worker_openapi(version: str) -> dict[str, Any]:
+    """The task worker's API (what the controller calls; AgentBench-FC's worker routes), served at /openapi.json."""
+    from agentrl_core.http.openapi import OBJECT, document, json_content, operation, ref
+
+    session_body = {"type": "object", "properties": {"session_id": {"type": "integer", "minimum": 0}},
+                    "description": "Older clients send the session id here instead of the header."}
+    optional_header = {**SESSION_HEADER, "required": False}
+    env_out = {
+        "type": "object",
+        "required": ["messages", "status", "finish", "reward"],
+        "properties": {
+            "messages": {"type": "array", "items": ref("Message")},
+            "tools": {"type": "array", "items": OBJECT},
+            "status": {"type": "string", "enum": [s.value for s in Status]},
+            "finish": {"type": "boolean"},
+            "reward": {"type": "number"},
+            "metric": OBJECT,
+        },
+    }
+    schemas = {
+        "Index": {"oneOf": [{"type": "integer"}, {"type": "string"}]},
+        "Message": {"type": "object", "properties": {"role": {"type": "string"}, "content": {"nullable": True},
+                                                     "tool_calls": {"type": "array"}}},
+        "WorkerStart": {
+            "type": "object",
+            "required": ["session_id", "index"],
+            "properties": {"session_id": {"type": "integer", "minimum": 0}, "index": ref("Index"),
+                           "custom_task": {"type": "object", "nullable": True}},
+        },
+        "WorkerInteract": {
+            "type": "object",
+            "required": ["session_id", "messages"],
+            "properties": {"session_id": {"type": "integer", "minimum": 0},
+                           "messages": {"type": "array", "minItems": 1, "items": ref("Message")}},
+        },
+        "EnvOut": env_out,
+    }
+    cancelled = json_content({"type": "object", "properties": {"cancelled": {"type": "array"}}}, "The sessions.")
+    sid = json_content({"type": "object", "properties": {"session_id": {"type": "integer"}}}, "The session.")
+    paths = {
+        "/api/start_sample": {"post": operation(
+            "Open a session of an index (the controller picked the id).", json_content(ref("EnvOut"), "The first step."),
+            codes=(400, 406), body=ref("WorkerStart"))},
+        "/api/interact": {"post": operation(
+            "One assistant turn.", json_content({"type": "object", "properties": {
+                "session_id": {"type": "integer"}, "env_out": ref("EnvOut")}}, "The environment's answer."),
+            codes=(400, 404, 409), body=ref("WorkerInteract"))},
+        "/api/cancel": {"post": operation("Cancel a session and close it.", sid, codes=(400, 404), body=session_body,
+                                          body_required=False, parameters=[optional_header])},
+        "/api/cancel_with_notice": {"post": operation(
+            "Cancel a session; the controller gets a cancel_notice once it is closed.", sid, codes=(400, 404),
+            body=session_body, body_required=False, parameters=[optional_header])},
+        "/api/cancel_all": {"post": operation("Cancel every session.", cancelled)},
+        "/api/cancel_all_with_notice": {"post": operation("Cancel every session, with notices.", cancelled)},
+        "/api/get_sessions": {"get": operation("Open sessions: id -> index.", json_content(OBJECT, "Sessions."))},
+        "/api/get_indices": {"get": operation("The indices served.", json_content(
+            {"type": "array", "items": ref("Index")}, "Indices."))},
+        "/api/worker_status": {"get": operation("Concurrency and sessions in use.", json_content(OBJECT, "Status."))},
+        "/api/sample_status": {"post": operation("Whether a session is busy.", json_content(OBJECT, "Its status."),
+                                                 codes=(400, 404), body=session_body, body_required=False,
+                                                 parameters=[optional_header])},
+        "/api/health": {"get": operation("Liveness.", json_content(OBJECT, "Healthy."))},
+        "/openapi.json": {"get": operation("This document.", json_content(OBJECT, "OpenAPI 3.0."))},
+    }
+    return document("agentrl task worker", version, "Serves one task's sessions to the controller (HTTP).",
+                    paths, schemas)

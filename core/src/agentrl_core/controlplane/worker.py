@@ -28,11 +28,23 @@ from typing import Any
 
 import anyio
 
+from agentrl_core._version import __version__
 from agentrl_core.controlplane import wire
+from agentrl_core.controlplane.openapi import worker_openapi
 from agentrl_core.env.api import UnknownIndexError
 from agentrl_core.errors import SessionError
 from agentrl_core.http.client import Pool, TransportError
-from agentrl_core.http.server import App, HTTPError, Request, bind_socket, check_bind, json_response, serve_app
+from agentrl_core.http.server import (
+    App,
+    HTTPError,
+    Request,
+    Response,
+    bind_socket,
+    check_bind,
+    dumps,
+    json_response,
+    serve_app,
+)
 from agentrl_core.protocols import Environment, Session
 from agentrl_core.types import Index, Status
 
@@ -103,6 +115,7 @@ class TaskWorker:
             self._controller, self._controller_path = Pool.for_url(self.controller_url, token=token)
         self._background: set[asyncio.Task] = set()
         self.token = token or None  # every route needs it; the worker sends it to the controller too
+        self._openapi: bytes | None = None
         self.app = App(name=f"worker {self.task_name}", max_body_bytes=max_body_bytes, token=self.token)
         for method, path, handler in [
             ("POST", "/api/start_sample", self.start_sample),
@@ -116,6 +129,7 @@ class TaskWorker:
             ("GET", "/api/worker_status", self.worker_status),
             ("POST", "/api/sample_status", self.sample_status),
             ("GET", "/api/health", self.health),
+            ("GET", "/openapi.json", self.openapi),
         ]:
             self.app.route(method, path, handler)
 
@@ -247,6 +261,11 @@ class TaskWorker:
 
     async def health(self, request: Request) -> Any:
         return {"status": "ok", "task": self.task_name, "sessions": len(self.sessions), "concurrency": self.concurrency}
+
+    async def openapi(self, request: Request) -> Any:
+        if self._openapi is None:
+            self._openapi = dumps(worker_openapi(__version__))
+        return Response(self._openapi)
 
     # -- session lifetime -----------------------------------------------------------------
 

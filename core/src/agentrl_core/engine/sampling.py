@@ -148,6 +148,8 @@ def parse_sampling_params(raw: Any) -> tuple[SamplingParams, bool]:
     seed = raw.get("seed", raw.get("sampling_seed"))
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise HTTPError(400, f"sampling_params.seed must be an integer, got {seed!r}")
+    if seed is not None and not -(2**63) <= seed < 2**64:  # torch's generator takes 64 bits
+        raise HTTPError(400, f"sampling_params.seed must be a 64-bit integer, got {seed}")
     params = SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else -1, min_p=min_p,
         max_new_tokens=max_new, stop_token_ids=tuple(stop_ids), stop=tuple(stop),

@@ -176,7 +176,14 @@ class EngineServer:
 
         app.route("POST", "/v1/chat/completions", lambda request: openai_api.chat_completions(self, request))
         app.route("GET", "/v1/models", lambda request: openai_api.list_models(self, request))
+        app.route("GET", "/openapi.json", self.openapi)
         return app
+
+    async def openapi(self, request: Request) -> Response:
+        from agentrl_core._version import __version__
+        from agentrl_core.engine.openapi import engine_openapi
+
+        return json_response(engine_openapi(__version__))
 
     async def _command(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.wrap_future(self.scheduler.call(fn))
@@ -382,6 +389,11 @@ class EngineServer:
         except (KeyError, TypeError, ValueError) as exc:
             return _weight_response(False, f"init_weights_update_group needs master_address, master_port, "
                                            f"rank_offset and world_size ({type(exc).__name__}: {exc})")
+        if not 1 <= port <= 65535 or world_size < 1 or not 0 <= rank < world_size:
+            # checked here: a rank outside the group would wait for its peers for the group timeout
+            return _weight_response(False, f"init_weights_update_group needs 1 <= master_port <= 65535 and "
+                                           f"0 <= rank_offset < world_size, got port {port}, rank_offset {rank}, "
+                                           f"world_size {world_size}")
         name = str(body.get("group_name") or "weight_update_group")
         backend = str(body.get("backend") or ("nccl" if self.model.device.type == "cuda" else "gloo"))
         if name in self.groups:

@@ -107,7 +107,14 @@ class GatewayServer:
             ("GET", "/stats", session_api.stats),
         ]:
             app.route(method, path, _bind(handler, self))
+        app.route("GET", "/openapi.json", self.openapi)
         return app
+
+    async def openapi(self, request: Request) -> Any:
+        from agentrl_core._version import __version__
+        from agentrl_core.gateway.openapi import gateway_openapi
+
+        return gateway_openapi(__version__)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         """ASGI entry: ``/sessions/{id}/...`` paths are routed with the id moved into the scope."""

@@ -334,6 +334,8 @@ def run_event_loop(main: Callable[[], Awaitable[Any]]) -> Any:
     try:
         import uvloop
     except ImportError:
+        uvloop = None
+    if uvloop is None:  # outside the except block: every traceback logged while serving would chain the ImportError
         return asyncio.run(main())
     if sys.version_info >= (3, 11):
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

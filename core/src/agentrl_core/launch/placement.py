@@ -103,6 +103,10 @@ def plan_placement(
             placed[pool.name] = [devs[i * tp_size:(i + 1) * tp_size] for i in range(n)]
         else:
             placed[pool.name] = split_devices(devs, engines_per_pool or 1)
+            if engines_per_pool and len(placed[pool.name]) < engines_per_pool:
+                log.warning("pool %r: engine.num_engines=%d, but its engines have %d CPU core(s), one engine per "
+                            "core: starting %d (train.mode sync gives the engines every core)", pool.name,
+                            engines_per_pool, len(devs), len(placed[pool.name]), len(placed[pool.name]))
     return Placement(kind, learner, placed, colocated)
 
 

@@ -162,7 +162,7 @@ class EngineHost:
     """
 
     def __init__(self, kind: str, devices: Sequence[Any], config: Config, log_dir: str,
-                 release_memory: bool = False) -> None:
+                 release_memory: bool = False, index: int = 0) -> None:
         from agentrl_core.rollout.drivers import build_engine_driver
 
         if kind == "cuda":
@@ -174,6 +174,9 @@ class EngineHost:
         self.driver = build_engine_driver(config, log_dir=log_dir, host=self.host)
         if release_memory and hasattr(self.driver, "release_memory"):  # SGLang: start with --enable-memory-saver
             self.driver.release_memory = True
+        # this slot's engine number in its pool: every host of a pool shares the run's log folder, so
+        # their engines need distinct names (logs, port files) and seeds
+        self.index = index
 
     def ranks_per_engine(self) -> int:
         from agentrl_core.rollout.drivers import ranks_per_engine
@@ -181,12 +184,14 @@ class EngineHost:
         return ranks_per_engine(self.driver)
 
     def launch(self, pool: str, model_path: str) -> list[str]:
-        return self.driver.launch(pool, model_path, [self.devices])
+        # first_index only when needed: a plugin driver written before it still serves one-engine pools
+        numbered = {"first_index": self.index} if self.index else {}
+        return self.driver.launch(pool, model_path, [self.devices], **numbered)
 
     def relaunch(self, pool: str, model_path: str) -> list[str]:
         """Stop whatever is left of this bundle's engine and start a fresh one."""
         self.driver.shutdown()
-        return self.driver.launch(pool, model_path, [self.devices])
+        return self.launch(pool, model_path)
 
     def shutdown(self) -> None:
         self.driver.shutdown()
@@ -328,6 +333,8 @@ class RayPools:
         for j, (pool, devs) in enumerate(engine_slots):
             slot = len(placement.learner) + j
             extra = {"release_memory": True} if pool in releasing else {}
+            if self.hosts.get(pool):  # the pool's engine number k > 0 (probes in tests take no index)
+                extra["index"] = len(self.hosts[pool])
             host = remote_host.options(**resources(slot)).remote(
                 kind, devices(devs, f"engine {j} of pool {pool!r}"), config, str(run_dir / "logs"), **extra)
             self.hosts.setdefault(pool, []).append(host)

@@ -83,12 +83,12 @@ class HFDriver:
             cmd += ["--max-context", str(self.max_context)]
         return cmd + self.extra_args, env
 
-    def launch(self, pool: str, model_path: str, devices: Sequence[Any]) -> list[str]:
+    def launch(self, pool: str, model_path: str, devices: Sequence[Any], *, first_index: int = 0) -> list[str]:
         kind = resolve_device_kind(self.config.device)
         slots = engine_slots(devices, kind) or [
             {"device": kind, "cpus": [], "gpus": []} for _ in range(self.config.num_engines)]
         started = []
-        for i, slot in enumerate(slots):
+        for i, slot in enumerate(slots, start=first_index):
             name = f"{pool}-{i}"
             port_file = self.procs.log_dir / f"{name}.port.json"
             port_file.unlink(missing_ok=True)

@@ -147,9 +147,9 @@ class SGLangDriver:
             groups.append(ids)
         return groups
 
-    def launch(self, pool: str, model_path: str, devices: Sequence[Any]) -> list[str]:
+    def launch(self, pool: str, model_path: str, devices: Sequence[Any], *, first_index: int = 0) -> list[str]:
         started = []
-        for i, gpus in enumerate(self.gpu_groups(devices)):
+        for i, gpus in enumerate(self.gpu_groups(devices), start=first_index):
             name = f"{pool}-{i}"
             port = free_port(self.host)
             cmd = self.command(model_path, port, len(gpus), name, i)

@@ -96,7 +96,7 @@ class VLLMDriver:
             cmd += ["--cpus", ",".join(map(str, slot["cpus"]))]
         return cmd, env
 
-    def launch(self, pool: str, model_path: str, devices: Sequence[Any]) -> list[str]:
+    def launch(self, pool: str, model_path: str, devices: Sequence[Any], *, first_index: int = 0) -> list[str]:
         kind = resolve_device_kind(self.engine.device)
         slots = engine_slots(devices, kind) or [
             {"device": kind, "cpus": [], "gpus": []} for _ in range(self.engine.num_engines)]
@@ -108,7 +108,7 @@ class VLLMDriver:
                 raise EngineLaunchError(f"the vllm driver runs one GPU per engine (tensor parallel size 1); the "
                                         f"placement gave an engine {slot['gpus']}")
         started = []
-        for i, slot in enumerate(slots):
+        for i, slot in enumerate(slots, start=first_index):
             name = f"{pool}-{i}"
             port_file = self.procs.log_dir / f"{name}.port.json"
             port_file.unlink(missing_ok=True)
