@@ -157,7 +157,9 @@ def test_pause_aborts_running_requests_and_holds_new_ones_until_continue(engine,
             box = {}
 
             async def request(key, rid):
-                box[key] = await client.generate([9, 8, 7], {"max_new_tokens": 600, "ignore_eos": True}, rid=rid)
+                # as long as max_model_len (1024) allows: on an idle machine vLLM ran 600 tokens to their
+                # end before the pause landed (finish_reason 'length', the test failed at load 1.4)
+                box[key] = await client.generate([9, 8, 7], {"max_new_tokens": 1000, "ignore_eos": True}, rid=rid)
 
             async with anyio.create_task_group() as tg:
                 start = (await client.server_info())["generated_tokens"]
@@ -188,7 +190,7 @@ def test_pause_aborts_running_requests_and_holds_new_ones_until_continue(engine,
 
     box = anyio.run(main)
     assert box["running"].finish_reason == "abort" and box["running"].weight_version == 0
-    assert len(box["running"].output_ids) < 600
+    assert len(box["running"].output_ids) < 1000
     assert box["held"].finish_reason == "length" and box["held"].weight_version == 1
 
 
