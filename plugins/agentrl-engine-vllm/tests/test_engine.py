@@ -25,7 +25,7 @@ def engine(tiny_model_dir, tmp_path_factory):
     from agentrl_engine_vllm.driver import VLLMDriver
 
     config = EngineConfig(driver="vllm", device="cpu",
-                          options={"vllm": {"dtype": "float32", "max_model_len": 1024, "max_num_seqs": 16}})
+                          options={"vllm": {"dtype": "float32", "max_model_len": 4096, "max_num_seqs": 16}})
     with VLLMDriver(engine=config, log_dir=str(tmp_path_factory.mktemp("vllm-logs"))) as driver:
         [url] = driver.launch("current", str(tiny_model_dir), [])
         yield url
@@ -157,9 +157,9 @@ def test_pause_aborts_running_requests_and_holds_new_ones_until_continue(engine,
             box = {}
 
             async def request(key, rid):
-                # as long as max_model_len (1024) allows: on an idle machine vLLM ran 600 tokens to their
-                # end before the pause landed (finish_reason 'length', the test failed at load 1.4)
-                box[key] = await client.generate([9, 8, 7], {"max_new_tokens": 1000, "ignore_eos": True}, rid=rid)
+                # long: on an idle machine vLLM CPU ran 600 and then 1,000 tokens to their end before the
+                # pause landed (finish_reason 'length'; the test failed at load 1.4)
+                box[key] = await client.generate([9, 8, 7], {"max_new_tokens": 4000, "ignore_eos": True}, rid=rid)
 
             async with anyio.create_task_group() as tg:
                 start = (await client.server_info())["generated_tokens"]
@@ -190,7 +190,7 @@ def test_pause_aborts_running_requests_and_holds_new_ones_until_continue(engine,
 
     box = anyio.run(main)
     assert box["running"].finish_reason == "abort" and box["running"].weight_version == 0
-    assert len(box["running"].output_ids) < 1000
+    assert len(box["running"].output_ids) < 4000
     assert box["held"].finish_reason == "length" and box["held"].weight_version == 1
 
 
@@ -203,7 +203,7 @@ def test_partial_rollouts_keep_in_flight_requests_across_a_weight_sync(engine, t
     old, new = perturbed(tiny_model_dir, 0.02, 7), perturbed(tiny_model_dir, 0.02, 8)
     transport = DiskTransport(disk_path=str(tmp_path / "sync"), model_dir=str(tiny_model_dir), partial_rollouts=True)
     transport.connect(None, [engine])
-    prompt, n = [11, 12, 13], 1000  # max_model_len is 1024
+    prompt, n = [11, 12, 13], 1000
     # The sync writes the checkpoint before it pauses; on a quiet machine the tiny model finishes a
     # request in about the time that takes. So the sync starts first, and its last tensor is handed
     # over only once the request is generating: the pause then meets it with most of its tokens to go.
