@@ -9,6 +9,7 @@ Tensors and numpy scalars become Python numbers.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -16,7 +17,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JsonlLogger", "TensorboardLogger", "flatten_metrics"]
+log = logging.getLogger(__name__)
+
+__all__ = ["JsonlLogger", "SamplesTail", "TensorboardLogger", "flatten_metrics"]
 
 
 def _plain(value: Any) -> Any:
@@ -35,6 +38,38 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> Iterator[tu
             yield from flatten_metrics(value, f"{name}/")
         else:
             yield name, _plain(value)
+
+
+class SamplesTail:
+    """The rows appended to ``<run_dir>/samples.jsonl`` since the last :meth:`read` (tracker loggers'
+    sample tables).
+
+    Rows already in the file when the tail is made belong to steps before this logger (or to the
+    run it resumes) and are skipped; a line still being written waits for the next call; a line
+    that is not JSON is skipped with a warning naming ``who``.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, who: str) -> None:
+        self.path = Path(run_dir) / "samples.jsonl"
+        self.who = who
+        self.offset = self.path.stat().st_size if self.path.exists() else 0
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        rows = []
+        for line in data[:end].splitlines():
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    log.warning("%s: skipping a samples.jsonl line that is not JSON", self.who)
+        return rows
 
 
 def _run_dir(run_dir: str | os.PathLike | None) -> Path:

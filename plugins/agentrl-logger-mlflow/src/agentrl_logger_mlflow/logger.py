@@ -26,7 +26,7 @@ from typing import Any
 
 from attrs import field, frozen
 
-from agentrl_core.train.loggers import flatten_metrics
+from agentrl_core.train.loggers import SamplesTail, flatten_metrics
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +117,7 @@ class MlflowLogger:
         self.experiment_id = self.client.get_run(self.run_id).info.experiment_id
         if self.config.log_config and run_config:
             self._log_params(run_config)
-        samples = self.run_dir / "samples.jsonl"
-        # rows already there belong to steps before this logger (or to the run it resumes)
-        self._samples_offset = samples.stat().st_size if samples.exists() else 0
+        self._samples = SamplesTail(self.run_dir, "mlflow")  # rows of this logger's steps only
         self._closed = False
         log.info("mlflow: %s run %s (%s)", "resumed" if self.resumed else "started", self.run_id, self.url or self.tracking_uri)
 
@@ -212,26 +210,8 @@ class MlflowLogger:
         if self.config.log_samples:
             self._log_samples(int(step))
 
-    def _new_samples(self) -> list[dict[str, Any]]:
-        path = self.run_dir / "samples.jsonl"
-        if not path.exists():
-            return []
-        with open(path, "rb") as f:
-            f.seek(self._samples_offset)
-            data = f.read()
-        end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
-        self._samples_offset += end
-        rows = []
-        for line in data[:end].splitlines():
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    log.warning("mlflow: skipping a samples.jsonl line that is not JSON")
-        return rows
-
     def _log_samples(self, step: int) -> None:
-        rows = self._new_samples()
+        rows = self._samples.read()
         if not rows:
             return
         columns: dict[str, list[Any]] = {}

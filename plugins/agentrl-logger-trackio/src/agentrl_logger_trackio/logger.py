@@ -28,7 +28,7 @@ from typing import Any
 
 from attrs import frozen
 
-from agentrl_core.train.loggers import flatten_metrics
+from agentrl_core.train.loggers import SamplesTail, flatten_metrics
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +98,7 @@ class TrackioLogger:
         self.run_name = self.run.name
         if not self.resumed:
             self._save_run()
-        samples = self.run_dir / "samples.jsonl"
-        # rows already there belong to steps before this logger (or to the run it resumes)
-        self._samples_offset = samples.stat().st_size if samples.exists() else 0
+        self._samples = SamplesTail(self.run_dir, "trackio")  # rows of this logger's steps only
         self._closed = False
         log.info("trackio: %s run %s of project %s (%s)", "resumed" if self.resumed else "started", self.run_name,
                  self.project, self.url or f'trackio show --project "{self.project}"')
@@ -154,30 +152,12 @@ class TrackioLogger:
                 continue  # numbers only; "step" is the entry's step
             record[key] = number
         if self.config.log_samples:
-            rows = self._new_samples()
+            rows = self._samples.read()
             if rows:
                 columns = list(dict.fromkeys(k for row in rows for k in row))
                 data = [[_cell(row.get(k)) for k in columns] for row in rows]
                 record["samples"] = trackio.Table(columns=columns, data=data, allow_mixed_types=True)
         self.run.log(record, step=int(step))
-
-    def _new_samples(self) -> list[dict[str, Any]]:
-        path = self.run_dir / "samples.jsonl"
-        if not path.exists():
-            return []
-        with open(path, "rb") as f:
-            f.seek(self._samples_offset)
-            data = f.read()
-        end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
-        self._samples_offset += end
-        rows = []
-        for line in data[:end].splitlines():
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    log.warning("trackio: skipping a samples.jsonl line that is not JSON")
-        return rows
 
     def close(self) -> None:
         if self._closed:

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from attrs import field, frozen
 
-from agentrl_core.train.loggers import flatten_metrics
+from agentrl_core.train.loggers import SamplesTail, flatten_metrics
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +100,7 @@ class WandbLogger:
         self.run.define_metric("*", step_metric="step")
         if not self.resumed:
             self._save_run_id()
-        samples = self.run_dir / "samples.jsonl"
-        # rows already there belong to steps before this logger (or to the run it resumes)
-        self._samples_offset = samples.stat().st_size if samples.exists() else 0
+        self._samples = SamplesTail(self.run_dir, "wandb")  # rows of this logger's steps only
         self._closed = False
         where = self.url or (self.run.dir if self.mode == "offline" else self.mode)
         log.info("wandb: %s run %s (%s)", "resumed" if self.resumed else "started", self.run_id, where)
@@ -164,28 +162,10 @@ class WandbLogger:
                 record["samples"] = table
         self.run.log(record)
 
-    def _new_samples(self) -> list[dict[str, Any]]:
-        path = self.run_dir / "samples.jsonl"
-        if not path.exists():
-            return []
-        with open(path, "rb") as f:
-            f.seek(self._samples_offset)
-            data = f.read()
-        end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
-        self._samples_offset += end
-        rows = []
-        for line in data[:end].splitlines():
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    log.warning("wandb: skipping a samples.jsonl line that is not JSON")
-        return rows
-
     def _samples_table(self) -> Any:
         import wandb
 
-        rows = self._new_samples()
+        rows = self._samples.read()
         if not rows:
             return None
         columns = list(dict.fromkeys(k for row in rows for k in row))
