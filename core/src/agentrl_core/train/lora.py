@@ -184,10 +184,8 @@ def adapter_config_dict(config: LoraConfig, base_model: str | os.PathLike) -> di
     """``adapter_config.json`` as PEFT writes it (the keys PEFT and the engines' loaders read)."""
     cfg = peft_config(config).to_dict()
     cfg["base_model_name_or_path"] = str(base_model)
-    cfg["target_modules"] = sorted(cfg["target_modules"]) if isinstance(cfg["target_modules"], (set, list)) \
-        else cfg["target_modules"]
     for key, value in list(cfg.items()):
-        if isinstance(value, set):
+        if isinstance(value, set):  # target_modules, and whatever else PEFT keeps as a set: JSON lists
             cfg[key] = sorted(value)
     return cfg
 
