@@ -103,7 +103,7 @@ def test_abort_request_ends_a_running_generation(engine):
             box = {}
 
             async def long_request():
-                box["result"] = await client.generate([5, 6, 7], {"max_new_tokens": 900, "ignore_eos": True},
+                box["result"] = await client.generate([5, 6, 7], {"max_new_tokens": 4000, "ignore_eos": True},
                                                       rid="long-one")
 
             async with anyio.create_task_group() as tg:
@@ -119,7 +119,7 @@ def test_abort_request_ends_a_running_generation(engine):
 
     result = anyio.run(main)
     assert result.finish_reason == "abort" and result.message
-    assert 0 < len(result.output_ids) < 900 and len(result.logprobs) == len(result.output_ids)
+    assert 0 < len(result.output_ids) < 4000 and len(result.logprobs) == len(result.output_ids)
     assert result.weight_version == 0
 
 
@@ -207,17 +207,20 @@ def test_partial_rollouts_keep_in_flight_requests_across_a_weight_sync(engine, t
     # The sync writes the checkpoint before it pauses; on a quiet machine the tiny model finishes a
     # request in about the time that takes. So the sync starts first, and its last tensor is handed
     # over only once the request is generating: the pause then meets it with most of its tokens to go.
-    generating_now = threading.Event()
+    # On an idle machine vLLM CPU can still finish all n tokens before the pause lands (seen at load
+    # ~1, about 1 run in 2): such an attempt is checked for what it is (nothing retracted, every token
+    # of the old version) and the scenario runs again with the next two versions, at most 4 times.
 
-    def paced(tensors):
-        tensors = list(tensors)
-        yield from tensors[:-1]
-        assert generating_now.wait(120), "the request never started generating"
-        yield tensors[-1]
+    def attempt(v_old, v_new):
+        generating_now = threading.Event()
 
-    try:
-        assert transport.pause_mode == "retract"  # the front lists it in /get_model_info's pause_modes
-        transport.send(iter(old), 10)
+        def paced(tensors):
+            tensors = list(tensors)
+            yield from tensors[:-1]
+            assert generating_now.wait(120), "the request never started generating"
+            yield tensors[-1]
+
+        transport.send(iter(old), v_old)
 
         async def main():
             async with EngineClient(engine) as client:
@@ -228,7 +231,7 @@ def test_partial_rollouts_keep_in_flight_requests_across_a_weight_sync(engine, t
                                                                    "ignore_eos": True})
 
                 async def sync():
-                    box["stats"] = await anyio.to_thread.run_sync(lambda: transport.send(paced(new), 11))
+                    box["stats"] = await anyio.to_thread.run_sync(lambda: transport.send(paced(new), v_new))
 
                 async with anyio.create_task_group() as tg:
                     start = (await client.server_info())["generated_tokens"]
@@ -244,13 +247,23 @@ def test_partial_rollouts_keep_in_flight_requests_across_a_weight_sync(engine, t
                         generating_now.set()
                 return box["result"], box["stats"]
 
-        result, stats = anyio.run(main)
+        return anyio.run(main)
+
+    try:
+        assert transport.pause_mode == "retract"  # the front lists it in /get_model_info's pause_modes
+        for v_old in (10, 12, 14, 16):
+            result, stats = attempt(v_old, v_old + 1)
+            if stats["retracted_requests"]:
+                break
+            assert result.versions == [v_old] * n and stats["aborted_requests"] == 0  # finished before the pause
+        else:
+            pytest.fail("in 4 attempts the request always finished before the sync paused the engine")
     finally:
         transport.close()
     assert stats["retracted_requests"] == 1 and stats["aborted_requests"] == 0
     assert result.finish_reason == "length" and len(result.output_ids) == n
-    k = result.versions.count(10)
-    assert 5 <= k < n and result.versions == [10] * k + [11] * (n - k), result.meta_info["weight_versions"]
+    k = result.versions.count(v_old)
+    assert 5 <= k < n and result.versions == [v_old] * k + [v_old + 1] * (n - k), result.meta_info["weight_versions"]
     kept, rest = result.output_ids[:k], result.output_ids[k:]
     for weights, context, tokens, logprobs in ((old, prompt, kept, result.logprobs[:k]),
                                                (new, prompt + kept, rest, result.logprobs[k:])):
