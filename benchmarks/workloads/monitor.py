@@ -150,6 +150,7 @@ class RunMonitor:
                                     "forward_seconds": self._sampled_busy(key, t0, running > 0)}
                         sample[key] = {
                             "forward_s": float(info.get("forward_seconds", 0.0)),
+                            "sampling_s": float(info.get("sampling_seconds", 0.0)),  # the hf engine's
                             "running": int(info.get("running", 0)), "waiting": int(info.get("waiting", 0)),
                             "paused": bool(info.get("paused", False)),
                             "generated": int(info.get("generated_tokens", 0)),
@@ -198,8 +199,9 @@ def engine_breakdown(samples: Sequence[dict[str, Any]], key: str, t_from: float,
                      phases: Sequence[tuple[float, float, str]]) -> dict[str, Any]:
     """Seconds of one engine between ``t_from`` and ``t_to`` by state.
 
-    ``forward`` is the engine's own forward-time accounting; the rest of each interval is
-    idle, attributed by the engine's state at the interval's start: ``paused`` (weight update),
+    ``forward`` and ``sampling`` are the engine's own accounting of its forward passes and of
+    drawing tokens from their logits (together: busy; engines that do not report sampling
+    count it in ``forward`` or not at all); the rest of each interval is idle, attributed by the engine's state at the interval's start: ``paused`` (weight update),
     ``no_requests`` (every trajectory in flight is in an environment call, being tokenized or
     parsed, or none is admitted), or ``requests_not_forwarding`` (requests present but no
     forward pass: scheduling, sampling, HTTP, and the cores taken by other processes). Idle
@@ -221,13 +223,16 @@ def engine_breakdown(samples: Sequence[dict[str, Any]], key: str, t_from: float,
             dt = s["t"] - prev["t"]
             e0, e1 = prev[key], s[key]
             fwd = min(dt, max(0.0, e1["forward_s"] - e0["forward_s"]))
-            idle = dt - fwd
+            smp = min(dt - fwd, max(0.0, e1.get("sampling_s", 0.0) - e0.get("sampling_s", 0.0)))
+            idle = dt - fwd - smp
             span += dt
             running_time += dt * e0["running"]
             seconds["forward"] = seconds.get("forward", 0.0) + fwd
+            if smp:
+                seconds["sampling"] = seconds.get("sampling", 0.0) + smp
             phase = by_phase.setdefault(_phase_at(phases, prev["t"] + dt / 2), {"span_s": 0.0, "forward_s": 0.0})
             phase["span_s"] += dt
-            phase["forward_s"] += fwd
+            phase["forward_s"] += fwd + smp
             if e0["paused"] or e1["paused"]:
                 state = "paused_weight_sync"
             elif e0["running"] + e0["waiting"] == 0:

@@ -8,8 +8,8 @@ analysis ``throughput.analyse`` makes of each run):
   trajectory: ``G_s = G_bulk + G_tail``, the tail being the time with at most a quarter of
   the batch still running), ``L_s`` training and ``O_s`` the rest (advantages, weight sync);
 * async: the learner's busy seconds ``A_L`` (train + advantages + weight sync) and the
-  engine's forward seconds ``A_G`` (prefill and decode passes, re-prefills after an
-  interruption and turns generated again included).
+  engine's busy seconds ``A_G`` (prefill and decode passes and sampling, re-prefills after
+  an interruption and turns generated again included).
 
 Async cannot beat its busier resource: its wall time per token is at least
 ``max(A_L, A_G)``, so ``ratio = S / A_wall <= bound = S / max(A_L, A_G)``, and ``ratio /
@@ -27,8 +27,10 @@ def _sum(runs: Sequence[dict[str, Any]], get: Any) -> float:
     return float(sum(get(a) for a in runs))
 
 
-def engine_forward_s(analysis: dict[str, Any]) -> float:
-    return sum(e["seconds"].get("forward", 0.0) for e in analysis["engines"].values())
+def engine_busy_s(analysis: dict[str, Any]) -> float:
+    """The engines' busy seconds: forward passes and sampling (the hf engine times both)."""
+    return sum(e["seconds"].get("forward", 0.0) + e["seconds"].get("sampling", 0.0)
+               for e in analysis["engines"].values())
 
 
 def sync_terms(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -45,13 +47,13 @@ def sync_terms(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def async_terms(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Seconds per trained token of the async runs: wall, learner busy, engine forward."""
+    """Seconds per trained token of the async runs: wall, learner busy, engine busy."""
     tokens = _sum(runs, lambda a: a["trained_tokens"])
     if not tokens:
         raise ValueError("the async runs trained no tokens")
     busy = _sum(runs, lambda a: sum(v for k, v in a["learner_seconds"].items() if k != "wait_rollout"))
     return {"total": _sum(runs, lambda a: a["wall_s"]) / tokens, "learner": busy / tokens,
-            "engine": _sum(runs, engine_forward_s) / tokens}
+            "engine": _sum(runs, engine_busy_s) / tokens}
 
 
 def bound(sync: dict[str, float], async_: dict[str, float]) -> dict[str, Any]:
@@ -77,7 +79,7 @@ def summarize_point(by_mode: dict[str, list[dict[str, Any]]], sync_mode: str = "
         out["modes"][mode] = {
             "trained_tokens_per_s": round(tokens / wall, 2) if wall else 0.0,
             "per_round_tokens_per_s": [a["trained_tokens_per_s"] for a in runs],
-            "engine_busy_fraction": round(_sum(runs, engine_forward_s) / wall, 4) if wall else 0.0,
+            "engine_busy_fraction": round(_sum(runs, engine_busy_s) / wall, 4) if wall else 0.0,
             "learner_idle_fraction": round(_sum(runs, lambda a: a["learner_seconds"]["wait_rollout"]) / wall, 4)
             if wall else 0.0,
             "discarded_tokens": _sum(runs, lambda a: a["discarded_tokens"]),

@@ -389,6 +389,12 @@ async def test_busy_reading_is_the_engines_forward_time(prompts, engine):
     metrics = pool_busy_metrics("p", {engine.url: during}, previous)
     assert 0.0 < metrics["engine/p/busy_fraction"] <= 1.0 and metrics["engine/p/requests"] == 1.0
     assert during.forward_seconds > before.forward_seconds
+    # busy = forward passes + sampling, both timed by the engine (the reading is the busy time)
+    async with EngineClient(engine.url) as client:
+        info = await client.server_info()
+    assert info["sampling_seconds"] > 0.0 and info["forward_seconds"] > info["sampling_seconds"]
+    assert info["busy_seconds"] == pytest.approx(info["forward_seconds"] + info["sampling_seconds"])
+    assert info["busy_seconds"] >= during.forward_seconds
 
 
 async def test_pool_routes_sticky_and_least_loaded(prompts, engine):

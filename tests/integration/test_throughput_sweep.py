@@ -23,10 +23,10 @@ from agentrl_bench_replay.longtail import LongTailConfig, draw_length  # noqa: E
 from regimes import async_terms, bound, summarize_point, sync_terms  # noqa: E402
 
 
-def run(tokens, wall, wait, train, sync=0.0, forward=0.0, tail=None, **counters):
+def run(tokens, wall, wait, train, sync=0.0, forward=0.0, tail=None, sampling=0.0, **counters):
     analysis = {"trained_tokens": tokens, "wall_s": wall, "trained_tokens_per_s": tokens / wall,
                 "learner_seconds": {"wait_rollout": wait, "advantages": 0.0, "train": train, "weight_sync": sync},
-                "engines": {"engine/current/0": {"seconds": {"forward": forward}}},
+                "engines": {"engine/current/0": {"seconds": {"forward": forward, "sampling": sampling}}},
                 "discarded_tokens": 0.0, "aborted_turns": 0.0, "interrupted_turns": 0.0, "mixed_version_tokens": 0.0,
                 "version_lag_tokens": {}}
     if tail is not None:
@@ -39,8 +39,8 @@ def test_the_bound_by_hand():
     sync = sync_terms([run(1000, 100.0, 60.0, 38.0, sync=2.0, tail=20.0)])
     assert sync == pytest.approx({"total": 0.1, "generation": 0.06, "generation_tail": 0.02,
                                   "generation_bulk": 0.04, "training": 0.038, "other": 0.002})
-    # async: 1000 tokens in 50 s; learner busy 30 + 1 = 31 s, engine forward 40 s: engine-bound
-    terms = async_terms([run(1000, 50.0, 19.0, 30.0, sync=1.0, forward=40.0)])
+    # async: 1000 tokens in 50 s; learner busy 30 + 1 = 31 s, engine busy 32 s forward + 8 s sampling: engine-bound
+    terms = async_terms([run(1000, 50.0, 19.0, 30.0, sync=1.0, forward=32.0, sampling=8.0)])
     assert terms == pytest.approx({"total": 0.05, "learner": 0.031, "engine": 0.04})
     # ratio 0.1 / 0.05 = 2.0; bound 0.1 / max(0.031, 0.04) = 2.5; 2.0 / 2.5 = 0.8
     assert bound(sync, terms) == {"ratio": 2.0, "bound": 2.5, "ratio_over_bound": 0.8, "bottleneck": "engine"}

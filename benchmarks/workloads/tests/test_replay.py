@@ -140,6 +140,18 @@ def test_engine_breakdown_attributes_idle_time_by_state() -> None:
     assert out["span_s"] == 4.0 and out["mean_running_requests"] == 0.75
 
 
+def test_engine_breakdown_counts_sampling_as_busy() -> None:
+    """The hf engine times sampling apart from its forward passes: both are busy, the rest idle."""
+    samples = [{"t": float(t), "sessions": 1, "e": {"forward_s": f, "sampling_s": m, "running": 1, "waiting": 0,
+                                                     "paused": False}}
+               for t, f, m in [(0, 0.0, 0.0), (1, 0.7, 0.2), (2, 1.5, 0.3)]]
+    phases = learner_phases([{"time": 2.0, "time/step_s": 2.0, "time/wait_rollout_s": 2.0, "time/train_s": 0.0}])
+    out = engine_breakdown(samples, "e", 0.0, 2.0, phases)
+    # [0,1]: 0.7 forward + 0.2 sampling, 0.1 idle; [1,2]: 0.8 + 0.1, 0.1 idle
+    assert out["seconds"] == {"forward": 1.5, "sampling": 0.3, "requests_not_forwarding": 0.2}
+    assert out["busy_by_learner_phase"] == {"wait_rollout": {"span_s": 2.0, "busy": 0.9}}
+
+
 def test_tree_cpu_seconds_counts_a_busy_child() -> None:
     burn = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.5:\n    pass\n"
             "print('done', flush=True)\nsys.stdin.read()\n")

@@ -110,7 +110,8 @@ class EngineStats:
     aborted: int = 0
     retracted: int = 0  # requests sent back to the queue by a pause (mode retract)
     recomputed_tokens: int = 0  # tokens prefilled again after a retraction
-    forward_seconds: float = 0.0
+    forward_seconds: float = 0.0  # model forward passes
+    sampling_seconds: float = 0.0  # drawing the next tokens from the logits (with forward: the engine busy)
     forwards: int = 0  # one per scheduler iteration
     decode_steps: int = 0  # forwards with at least one decoding row
     prefill_forwards: int = 0  # forwards with at least one prompt chunk
@@ -464,7 +465,9 @@ class Scheduler:
     # Forward passes
 
     def _sample_and_append(self, requests: list[Request], logits: torch.Tensor) -> None:
+        t0 = time.perf_counter()
         tokens, logprobs = sample(logits, [r.params for r in requests], [r.generator for r in requests], self.rng)
+        self.stats.sampling_seconds += time.perf_counter() - t0
         for request, token, logprob in zip(requests, tokens, logprobs, strict=True):
             request.output_ids.append(token)
             request.logprobs.append(logprob)

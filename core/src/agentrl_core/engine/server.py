@@ -310,8 +310,12 @@ class EngineServer:
             "recomputed_tokens": stats.recomputed_tokens,
             "decode_steps": stats.decode_steps,
             "prefill_forwards": stats.prefill_forwards,
-            "busy_fraction": stats.forward_seconds / wall,
-            "forward_seconds": stats.forward_seconds,  # for exact busy fractions between two readings
+            # busy = forward passes + sampling (what vLLM's and SGLang's model step includes); cumulative,
+            # for exact busy fractions between two readings
+            "busy_fraction": (stats.forward_seconds + stats.sampling_seconds) / wall,
+            "busy_seconds": stats.forward_seconds + stats.sampling_seconds,
+            "forward_seconds": stats.forward_seconds,
+            "sampling_seconds": stats.sampling_seconds,
             "wall_seconds": wall,
             "kv_cache_bytes": self.model.cache_bytes(),
             "uptime_s": time.time() - self.started,

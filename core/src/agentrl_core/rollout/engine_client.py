@@ -209,7 +209,8 @@ class BusyReading:
     """One reading of an engine's load.
 
     ``forward_seconds``/``wall_seconds`` are cumulative (agentrl's HF engine, the vLLM front):
-    two readings give the exact busy fraction between them. SGLang reports no forward time,
+    two readings give the exact busy fraction between them. ``forward_seconds`` is the engine's
+    busy time: the HF engine's ``busy_seconds`` (forward passes + sampling) where it reports it. SGLang reports no forward time,
     so its reading has only the requests of the moment. ``requests`` counts running and
     waiting ones (SGLang's ``num_reqs``), ``waiting`` the waiting ones; None where not reported.
     """
@@ -407,7 +408,7 @@ class EngineClient:
         info = await self.server_info(timeout=timeout)
         if "forward_seconds" in info:
             running, waiting = _int_or_none(info.get("running")), _int_or_none(info.get("waiting"))
-            return BusyReading(forward_seconds=float(info["forward_seconds"]),
+            return BusyReading(forward_seconds=float(info.get("busy_seconds", info["forward_seconds"])),
                                wall_seconds=float(info.get("wall_seconds", 0.0)),
                                requests=None if running is None else running + (waiting or 0), waiting=waiting)
         if "internal_states" in info:  # SGLang: the load is a separate route
