@@ -31,6 +31,15 @@ from agentrl_core.registry import Registry
 log = logging.getLogger(__name__)
 
 
+def engine_device_groups(device: str, parts: int) -> list[list[int]]:
+    """The devices of each launched model's engine: GPU ids where ``engine.device`` resolves to
+    CUDA (``auto`` with a GPU, ``cuda``, ``cuda:N``), else CPU cores, split into ``parts`` groups."""
+    from agentrl_core.launch.placement import available_devices, split_devices
+    from agentrl_core.rollout.drivers import resolve_device_kind
+
+    return split_devices(available_devices(resolve_device_kind(device)), parts)
+
+
 class Evaluation:
     def __init__(self, config: Config, *, registry: Registry | None = None, out_dir: str | Path,
                  openai: dict[str, Any] | None = None, echo: Any = print) -> None:
@@ -87,14 +96,12 @@ class Evaluation:
         return path
 
     def _engines(self) -> dict[str, list[str]]:
-        from agentrl_core.launch.placement import available_devices, split_devices
         from agentrl_core.rollout.drivers import build_engine_driver
 
         launch = {name: m for name, m in self.models.items() if not m.urls}
         urls = {name: list(m.urls) for name, m in self.models.items() if m.urls}
         if launch:
-            kind = "cuda" if self.config.engine.device == "cuda" else "cpu"
-            groups = split_devices(available_devices(kind), len(launch))
+            groups = engine_device_groups(self.config.engine.device, len(launch))
             for i, (name, m) in enumerate(launch.items()):
                 driver = build_engine_driver(self.config, registry=self.registry, log_dir=str(self.out_dir / "logs"))
                 self.drivers.append(driver)
