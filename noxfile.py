@@ -16,7 +16,9 @@ shares pip's cache. ``nox -s quickstart`` is the README's main job (not a test s
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -35,6 +37,39 @@ os.environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
 # No .pyc for every installed file (torch alone has thousands): a torch venv installs in 54 s
 # instead of 87 s here; Python compiles the modules a test imports, once, as it imports them.
 os.environ.setdefault("PIP_NO_COMPILE", "1")
+
+
+# A full run creates about 20 venvs of 0.5-4 GB (torch in most: some 25 GB in all). Where the disk
+# runs short, each session removes its own venv when it ends, so a run needs room for one venv at a
+# time instead of all of them (`nox -r` recreates a removed one). AGENTRL_NOX_KEEP_VENVS=1 keeps them;
+# AGENTRL_NOX_PRUNE_BELOW_GIB sets the threshold.
+PRUNE_BELOW_GIB = float(os.environ.get("AGENTRL_NOX_PRUNE_BELOW_GIB", "30"))
+
+
+def session(fn=None, **kwargs):
+    """``nox.session`` whose venv is removed at the session's end when the disk has under
+    PRUNE_BELOW_GIB free."""
+    if fn is None:
+        return functools.partial(session, **kwargs)
+
+    @functools.wraps(fn)
+    def run(s: nox.Session) -> None:
+        try:
+            fn(s)
+        finally:
+            _prune_venv(s)
+
+    return nox.session(run, **kwargs)
+
+
+def _prune_venv(s: nox.Session) -> None:
+    location = getattr(s.virtualenv, "location", None)
+    if not location or not Path(location).is_dir() or os.environ.get("AGENTRL_NOX_KEEP_VENVS") == "1":
+        return
+    free = shutil.disk_usage(location).free / 2**30
+    if free < PRUNE_BELOW_GIB:
+        s.log(f"{free:.1f} GiB free on the disk (under {PRUNE_BELOW_GIB}): removing this session's venv {location}")
+        shutil.rmtree(location, ignore_errors=True)
 
 
 def _settings(plugin_dir: Path) -> dict:
@@ -72,7 +107,7 @@ def _pytest(session: nox.Session, *args: str) -> None:
     session.run("python", "-m", "pytest", "-q", "-ra", *args, *session.posargs)
 
 
-@nox.session
+@session
 def core(session: nox.Session) -> None:
     """agentrl-core alone (with its train and lora extras), no plugin installed."""
     _install(session, "-e", _core_spec(["train", "lora"]))
@@ -97,7 +132,7 @@ def _make_plugin_session(name: str, plugin_dir: Path):
 
 
 for _name, _dir in PLUGINS.items():
-    nox.session(name=_name)(_make_plugin_session(_name, _dir))
+    session(_make_plugin_session(_name, _dir), name=_name)
 
 
 def _install_everything(session: nox.Session) -> None:
@@ -123,21 +158,21 @@ def _integration_env(session: nox.Session) -> None:
     session.chdir(ROOT)
 
 
-@nox.session
+@session
 def integration(session: nox.Session) -> None:
     """Every package together: cross-package and end-to-end tests."""
     _integration_env(session)
     _pytest(session, "tests/integration", *[f"--ignore={path}" for path in BENCHMARK_SMOKE])
 
 
-@nox.session
+@session
 def benchmark_smoke(session: nox.Session) -> None:
     """The quick variants of the learning (calc, db) and throughput benchmarks: the plumbing, not the targets."""
     _integration_env(session)
     _pytest(session, *BENCHMARK_SMOKE)
 
 
-@nox.session
+@session
 def view_browser(session: nox.Session) -> None:
     """``agentrl view`` in a real browser: Debian's Chromium (tests/browser/ci_setup.sh installs it) driven by Playwright.
 
@@ -151,7 +186,7 @@ def view_browser(session: nox.Session) -> None:
     _pytest(session, "tests/browser")
 
 
-@nox.session
+@session
 def soak(session: nox.Session) -> None:
     """The fault-and-load soak (tests/soak, ~4 min): db on MariaDB, os in Docker, calc, with faults injected."""
     _install_everything(session)
@@ -161,7 +196,7 @@ def soak(session: nox.Session) -> None:
     _pytest(session, "-s", "tests/soak")
 
 
-@nox.session
+@session
 def lint(session: nox.Session) -> None:
     """ruff, the import-linter contracts of tests/write_importlinter.py (core imports no plugin, core's layers), the workflows, the Dockerfiles."""
     _install(session, "ruff>=0.6", "import-linter>=2.17")
@@ -182,7 +217,7 @@ def lint(session: nox.Session) -> None:
     session.run("hadolint", *sorted(str(p) for p in (ROOT / "docker").glob("*/Dockerfile")))
 
 
-@nox.session
+@session
 def docs(session: nox.Session) -> None:
     """The documentation site (mkdocs.yml): ``mkdocs build --strict``, so a broken link fails; ``-- serve`` serves it."""
     # agentrl-core without extras (no torch): the hooks import its config classes and argparse parser
@@ -233,7 +268,7 @@ def _build_from_archive(session: nox.Session, work: Path) -> tuple[Path, Path]:
     return source, dist
 
 
-@nox.session
+@session
 def standalone(session: nox.Session) -> None:
     """A bare copy of HEAD (``git archive``, no sibling folders) builds, installs and runs.
 
@@ -254,7 +289,7 @@ def standalone(session: nox.Session) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-@nox.session
+@session
 def index(session: nox.Session) -> None:
     """The artefacts of ``git archive HEAD``, published to a loopback package index, install by name.
 
@@ -279,7 +314,7 @@ def index(session: nox.Session) -> None:
 
 # Not in the default run: a cold build (debootstrap, the wheelhouse, the torch layer) takes 15
 # minutes on CI's 2 cores, more than a session may take; run it where images are released.
-@nox.session(default=False)
+@session(default=False)
 def image(session: nox.Session) -> None:
     """The CPU container image (docker/cpu/Dockerfile): built without a registry, agentrl run inside.
 
@@ -294,7 +329,7 @@ def image(session: nox.Session) -> None:
     session.run("python", str(ROOT / "tests" / "image_check.py"), *session.posargs)
 
 
-@nox.session(default=False)
+@session(default=False)
 def quickstart(session: nox.Session) -> None:
     """The README's main job: a short CPU training run with embedded defaults."""
     if not (Path(session.virtualenv.location) / "bin" / "agentrl").exists():
