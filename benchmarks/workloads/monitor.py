@@ -201,7 +201,8 @@ def engine_breakdown(samples: Sequence[dict[str, Any]], key: str, t_from: float,
 
     ``forward`` and ``sampling`` are the engine's own accounting of its forward passes and of
     drawing tokens from their logits (together: busy; engines that do not report sampling
-    count it in ``forward`` or not at all); the rest of each interval is idle, attributed by the engine's state at the interval's start: ``paused`` (weight update),
+    count it in ``forward`` or not at all); the rest of each interval is idle, attributed by the
+    engine's state at the interval's start: ``paused`` (weight update),
     ``no_requests`` (every trajectory in flight is in an environment call, being tokenized or
     parsed, or none is admitted), or ``requests_not_forwarding`` (requests present but no
     forward pass: scheduling, sampling, HTTP, and the cores taken by other processes). Idle
@@ -215,35 +216,52 @@ def engine_breakdown(samples: Sequence[dict[str, Any]], key: str, t_from: float,
     by_phase: dict[str, dict[str, float]] = {}
     running_time = 0.0
     span = 0.0
+    pairs = []
     prev = None
     for s in samples:
         if key not in s:
             continue
         if prev is not None and t_from <= prev["t"] and s["t"] <= t_to:
-            dt = s["t"] - prev["t"]
-            e0, e1 = prev[key], s[key]
-            fwd = min(dt, max(0.0, e1["forward_s"] - e0["forward_s"]))
-            smp = min(dt - fwd, max(0.0, e1.get("sampling_s", 0.0) - e0.get("sampling_s", 0.0)))
-            idle = dt - fwd - smp
-            span += dt
-            running_time += dt * e0["running"]
-            seconds["forward"] = seconds.get("forward", 0.0) + fwd
-            if smp:
-                seconds["sampling"] = seconds.get("sampling", 0.0) + smp
-            phase = by_phase.setdefault(_phase_at(phases, prev["t"] + dt / 2), {"span_s": 0.0, "forward_s": 0.0})
-            phase["span_s"] += dt
-            phase["forward_s"] += fwd + smp
-            if e0["paused"] or e1["paused"]:
-                state = "paused_weight_sync"
-            elif e0["running"] + e0["waiting"] == 0:
-                in_flight = prev.get("sessions")
-                why = ("no_trajectory" if in_flight == 0 else "trajectories_in_env_or_agent_loop" if in_flight
-                       else "unknown")
-                state = f"no_requests/{why}/learner_{_phase_at(phases, prev['t'] + dt / 2)}"
-            else:
-                state = "requests_not_forwarding"
-            seconds[state] = seconds.get(state, 0.0) + idle
+            pairs.append((prev, s))
         prev = s
+    # An engine adds a forward pass's seconds to its counter when the pass ends, so a pass longer
+    # than the polling interval (a long prefill, e.g. re-prefilling interrupted turns) shows as
+    # idle intervals followed by one with more busy seconds than wall seconds. The excess is the
+    # same pass's earlier part: it is credited backwards to the intervals before.
+    credited: list[tuple[float, float]] = []
+    carry_f = carry_s = 0.0
+    for prev, s in reversed(pairs):
+        dt = s["t"] - prev["t"]
+        e0, e1 = prev[key], s[key]
+        fwd = max(0.0, e1["forward_s"] - e0["forward_s"]) + carry_f
+        smp = max(0.0, e1.get("sampling_s", 0.0) - e0.get("sampling_s", 0.0)) + carry_s
+        f = min(dt, fwd)
+        m = min(dt - f, smp)
+        carry_f, carry_s = fwd - f, smp - m
+        credited.append((f, m))
+    credited.reverse()
+    for (prev, s), (fwd, smp) in zip(pairs, credited, strict=True):
+        dt = s["t"] - prev["t"]
+        e0, e1 = prev[key], s[key]
+        idle = dt - fwd - smp
+        span += dt
+        running_time += dt * e0["running"]
+        seconds["forward"] = seconds.get("forward", 0.0) + fwd
+        if smp:
+            seconds["sampling"] = seconds.get("sampling", 0.0) + smp
+        phase = by_phase.setdefault(_phase_at(phases, prev["t"] + dt / 2), {"span_s": 0.0, "forward_s": 0.0})
+        phase["span_s"] += dt
+        phase["forward_s"] += fwd + smp
+        if e0["paused"] or e1["paused"]:
+            state = "paused_weight_sync"
+        elif e0["running"] + e0["waiting"] == 0:
+            in_flight = prev.get("sessions")
+            why = ("no_trajectory" if in_flight == 0 else "trajectories_in_env_or_agent_loop" if in_flight
+                   else "unknown")
+            state = f"no_requests/{why}/learner_{_phase_at(phases, prev['t'] + dt / 2)}"
+        else:
+            state = "requests_not_forwarding"
+        seconds[state] = seconds.get(state, 0.0) + idle
     return {"span_s": span, "seconds": {k: round(v, 3) for k, v in sorted(seconds.items())},
             "fractions": {k: round(v / span, 4) for k, v in sorted(seconds.items())} if span else {},
             "mean_running_requests": round(running_time / span, 2) if span else 0.0,

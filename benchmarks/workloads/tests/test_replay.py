@@ -152,6 +152,19 @@ def test_engine_breakdown_counts_sampling_as_busy() -> None:
     assert out["busy_by_learner_phase"] == {"wait_rollout": {"span_s": 2.0, "busy": 0.9}}
 
 
+def test_engine_breakdown_credits_a_pass_longer_than_the_polling_interval_backwards() -> None:
+    """A 1.25 s prefill that ends between the samples at 1.25 and 1.5 s adds its seconds only
+    then: the intervals it spanned are busy, not 'requests present but no forward'."""
+    samples = [{"t": t, "sessions": 1, "e": {"forward_s": f, "running": 2, "waiting": 0, "paused": False}}
+               for t, f in [(0.0, 0.0), (0.25, 0.0), (0.5, 0.0), (0.75, 0.0), (1.0, 0.0), (1.25, 0.0), (1.5, 1.35),
+                            (1.75, 1.45)]]
+    phases = learner_phases([{"time": 1.75, "time/step_s": 1.75, "time/wait_rollout_s": 1.75, "time/train_s": 0.0}])
+    out = engine_breakdown(samples, "e", 0.0, 1.75, phases)
+    # [1.25, 1.5]: 1.35 s counted, 0.25 of it there and 1.1 carried to [1.0, 1.25] ... [0.0, 0.25] (0.25,
+    # 0.25, 0.25, 0.25, 0.1); [1.5, 1.75]: 0.1 busy, 0.15 idle. Busy 1.45, idle 0.3 (0.15 + 0.15)
+    assert out["seconds"] == {"forward": 1.45, "requests_not_forwarding": 0.3}
+
+
 def test_tree_cpu_seconds_counts_a_busy_child() -> None:
     burn = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.5:\n    pass\n"
             "print('done', flush=True)\nsys.stdin.read()\n")
