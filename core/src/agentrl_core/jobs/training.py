@@ -239,8 +239,12 @@ class Trainer:
                             what="forming the weight-update groups")
         async with ControllerClient(url) as client:
             self.client = client
+            # model.lora: every request runs with the served adapter, the newest policy@vN at its admission
+            lora = None
+            if c.model.lora.enabled:
+                from agentrl_core.train.adapter_sync import SERVED_NAME as lora
             self.engine_pools = {name: EnginePool(name, urls, timeout=c.engine.request_timeout,
-                                                  health_timeout=c.engine.health_timeout)
+                                                  health_timeout=c.engine.health_timeout, lora=lora)
                                  for name, urls in pools.urls.items()}
             self.engine_memory = self._engine_memory()
             self.watchdog = EngineWatchdog(self.engine_pools, restart=self._restart_engine,

@@ -233,8 +233,12 @@ class EngineClient:
 
     def __init__(self, url: str, *, http: httpx.AsyncClient | None = None, connect_retries: int = 3,
                  retry_backoff: float = 0.5, timeout: float | None = None,
-                 health_timeout: float = DEFAULT_HEALTH_TIMEOUT, token: str | None = None) -> None:
+                 health_timeout: float = DEFAULT_HEALTH_TIMEOUT, token: str | None = None,
+                 lora: str | None = None) -> None:
         self.url = url.rstrip("/")
+        # model.lora: every generate names the served adapter (the engine resolves a bare name to
+        # its newest version at admission, and refuses the request when none is loaded)
+        self.lora = lora
         self._own_http = http is None
         self.http = http or make_http_client(token=token)
         self.connect_retries = connect_retries
@@ -317,13 +321,18 @@ class EngineClient:
     # Generation
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None, *,
-                       return_logprob: bool = True, rid: str | None = None, pool: str = "") -> GenerateResult:
+                       return_logprob: bool = True, rid: str | None = None, pool: str = "",
+                       lora: str | None = None) -> GenerateResult:
+        """One completion. ``lora`` (default: the client's ``lora``): the served adapter to run with."""
         params = dict(sampling_params or {})
         if "seed" in params:  # SGLang's name; a plain "seed" would be ignored there
             params["sampling_seed"] = params.pop("seed")
         rid = rid or uuid.uuid4().hex
-        payload = {"input_ids": [int(t) for t in input_ids], "sampling_params": params,
-                   "return_logprob": return_logprob, "rid": rid}
+        payload: dict[str, Any] = {"input_ids": [int(t) for t in input_ids], "sampling_params": params,
+                                   "return_logprob": return_logprob, "rid": rid}
+        lora = lora or self.lora
+        if lora:
+            payload["lora_path"] = lora
         start = time.monotonic()
         try:
             data = await self._json("POST", "/generate", payload)
@@ -465,6 +474,14 @@ class EngineClient:
             payload["weight_version"] = str(weight_version)
         return await self._admin("/update_weights_from_distributed", payload)
 
+    async def load_lora_adapter(self, lora_name: str, lora_path: str) -> dict[str, Any]:
+        """Serve the PEFT adapter folder ``lora_path`` as ``lora_name`` (SGLang's route)."""
+        return await self._admin("/load_lora_adapter", {"lora_name": lora_name, "lora_path": str(lora_path)})
+
+    async def unload_lora_adapter(self, lora_name: str) -> dict[str, Any]:
+        """Stop serving ``lora_name``; an engine that refuses (409: in use) raises :class:`EngineError`."""
+        return await self._admin("/unload_lora_adapter", {"lora_name": lora_name})
+
     async def update_weights_from_disk(self, model_path: str, weight_version: Any = None) -> dict[str, Any]:
         payload: dict[str, Any] = {"model_path": str(model_path)}
         if weight_version is not None:
@@ -496,13 +513,14 @@ class EnginePool:
     def __init__(self, name: str, urls: Sequence[str], *, http: httpx.AsyncClient | None = None,
                  connect_retries: int = 3, down_seconds: float = 10.0, max_sticky_keys: int = 100_000,
                  timeout: float | None = None, health_timeout: float = DEFAULT_HEALTH_TIMEOUT,
-                 token: str | None = None) -> None:
+                 token: str | None = None, lora: str | None = None) -> None:
         if not urls:
             raise ValueError(f"engine pool {name!r} needs at least one engine URL")
         self.name = name
         self._own_http = http is None
         self.http = http or make_http_client(token=token)
-        self._client_options = {"connect_retries": connect_retries, "timeout": timeout, "health_timeout": health_timeout}
+        self._client_options = {"connect_retries": connect_retries, "timeout": timeout, "health_timeout": health_timeout,
+                                "lora": lora}
         self.engines = {url.rstrip("/"): self.client_class(url, http=self.http, **self._client_options) for url in urls}
         self.urls = list(self.engines)
         self.in_flight: dict[str, int] = dict.fromkeys(self.urls, 0)
@@ -633,6 +651,14 @@ class EnginePool:
 
     async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, Any]:
         return await self._each("resume_memory_occupation", tags)
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str) -> dict[str, Any]:
+        """Serve the PEFT adapter folder ``lora_path`` as ``lora_name`` (SGLang's route)."""
+        return await self._admin("/load_lora_adapter", {"lora_name": lora_name, "lora_path": str(lora_path)})
+
+    async def unload_lora_adapter(self, lora_name: str) -> dict[str, Any]:
+        """Stop serving ``lora_name``; an engine that refuses (409: in use) raises :class:`EngineError`."""
+        return await self._admin("/unload_lora_adapter", {"lora_name": lora_name})
 
     async def update_weights_from_disk(self, model_path: str, weight_version: Any = None) -> dict[str, Any]:
         return await self._each("update_weights_from_disk", model_path, weight_version)
