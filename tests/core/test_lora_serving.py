@@ -185,3 +185,36 @@ async def test_sync_sends_the_adapter_alone_and_a_running_request_keeps_its_vers
         assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["policy@v3"]
     finally:
         transport.close()
+
+
+@pytest.mark.anyio
+async def test_the_learner_service_syncs_the_adapter_whatever_the_transport(tiny_model_dir, engine, world_of_one):
+    """The pipeline's path: LearnerService.connect + sync with model.lora and the default collective transport."""
+    import shutil
+
+    from agentrl_core.config import config_from_dict
+    from agentrl_core.train.learner_actor import LearnerService
+
+    config = config_from_dict({"model": {"path": str(tiny_model_dir), "lora": {
+        "enabled": True, "rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}},
+        "rollout": {"staleness_bound": 2}, "train": {"device": "cpu"}}, validate_plugins=False)
+    assert config.weight_sync.transport == "collective"
+    service = LearnerService(0, str(tiny_model_dir), config, torch.device("cpu"))
+    try:
+        await anyio.to_thread.run_sync(lambda: service.connect({"current": [engine.url]}, address="127.0.0.1"))
+        transport = service.transports["current"]
+        assert transport.name == "adapter" and transport.keep == 3  # staleness bound 2 + 1
+        metrics = await anyio.to_thread.run_sync(service.sync, ["current"], 7)
+        # q (A 4x128, B 128x4) and v (A 4x128, B 64x4) in 4 layers, fp32 on CPU: 4 * (1024 + 768) * 4 bytes
+        assert metrics["weight_sync/current/bytes"] == 28_672
+        assert metrics["weight_sync/current/bytes_fraction"] == pytest.approx(28_672 / 3_501_568)
+        async with EngineClient(engine.url, lora="policy") as client:
+            assert "policy@v7" in (await client.model_info())["lora_adapters"]
+            result = await client.generate([1, 2, 3], {"max_new_tokens": 3, "temperature": 1.0})
+        assert result.versions == [7, 7, 7]
+    finally:
+        for transport in service.transports.values():
+            transport.close()
+        async with EngineClient(engine.url) as client:
+            await client.unload_lora_adapter("policy@v7")
+        shutil.rmtree(service._adapter_root, ignore_errors=True)
