@@ -218,3 +218,25 @@ async def test_the_learner_service_syncs_the_adapter_whatever_the_transport(tiny
         async with EngineClient(engine.url) as client:
             await client.unload_lora_adapter("policy@v7")
         shutil.rmtree(service._adapter_root, ignore_errors=True)
+
+
+@pytest.mark.anyio
+async def test_the_gateways_engine_calls_name_the_adapter_too(tiny_model_dir, engine):
+    """The OpenAI gateway (openai agent loops) generates through its own lean client: it sends lora_path as well."""
+    from agentrl_core.config import config_from_dict
+    from agentrl_core.gateway.engines import LeanEngineClient
+    from agentrl_core.gateway.process import build_gateway
+
+    config = config_from_dict({"model": {"path": str(tiny_model_dir), "lora": {"enabled": True}}},
+                              validate_plugins=False)
+    gateway = build_gateway(config, {"current": [engine.url]})
+    try:
+        assert gateway.router.pools["current"].engines[engine.url].lora == "policy"
+    finally:
+        await gateway.router.aclose()
+    client = LeanEngineClient(engine.url, lora="nothing")
+    try:
+        with pytest.raises(EngineError, match="adapter 'nothing' is not loaded"):
+            await client.generate([1, 2, 3], {"max_new_tokens": 2})
+    finally:
+        await client.aclose()

@@ -67,13 +67,17 @@ class LeanEngineClient(EngineClient):
         await super().aclose()
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None, *,
-                       return_logprob: bool = True, rid: str | None = None, pool: str = "") -> GenerateResult:
+                       return_logprob: bool = True, rid: str | None = None, pool: str = "",
+                       lora: str | None = None) -> GenerateResult:
         params = dict(sampling_params or {})
         if "seed" in params:
             params["sampling_seed"] = params.pop("seed")
         rid = rid or uuid.uuid4().hex
-        payload = {"input_ids": [int(t) for t in input_ids], "sampling_params": params,
-                   "return_logprob": return_logprob, "rid": rid}
+        payload: dict[str, Any] = {"input_ids": [int(t) for t in input_ids], "sampling_params": params,
+                                   "return_logprob": return_logprob, "rid": rid}
+        lora = lora or self.lora
+        if lora:  # model.lora: the served adapter (EngineClient.generate)
+            payload["lora_path"] = lora
         deadline = self.timeout if self.timeout is not None else DEFAULT_TIMEOUT
         start = time.monotonic()
         try:
@@ -144,8 +148,9 @@ class Generated:
 class EngineRouter:
     def __init__(self, pools: Mapping[str, Sequence[str]], *, sampler: Any = None, seed: int = 0,
                  on_weight_update: str = "hold", retry_after_s: float = 2.0, max_abort_retries: int = 100,
-                 request_timeout: float | None = None, token: str | None = None) -> None:
+                 request_timeout: float | None = None, token: str | None = None, lora: str | None = None) -> None:
         self.sampler = sampler or CurrentSampler()
+        self.lora = lora  # model.lora: the served adapter every generate names (engine_client.LORA_SERVED_NAME)
         self.token = token  # the engines' token (None: the process's AGENTRL_TOKEN)
         self.seed = seed
         self.on_weight_update = on_weight_update
@@ -173,7 +178,8 @@ class EngineRouter:
             if pool is not None and pool.urls == [u.rstrip("/") for u in urls]:
                 self.pools[name] = pool
             else:
-                self.pools[name] = LeanEnginePool(name, list(urls), timeout=self.request_timeout, token=self.token)
+                self.pools[name] = LeanEnginePool(name, list(urls), timeout=self.request_timeout, token=self.token,
+                                                  lora=self.lora)
         self._retired = [p for name, p in old.items() if self.pools.get(name) is not p]
 
     async def aclose(self) -> None:

@@ -224,7 +224,7 @@ class Trainer:
     async def _main(self, url: str, pools: Any, sampler: Any) -> dict[str, Any]:
         from agentrl_core.controlplane.client import ControllerClient
         from agentrl_core.rollout.agent_loop import LoopSettings
-        from agentrl_core.rollout.engine_client import EnginePool
+        from agentrl_core.rollout.engine_client import LORA_SERVED_NAME, EnginePool
         from agentrl_core.rollout.tokenizer import load_tokenizer
         from agentrl_core.train.advantages import build_advantage_fns
         from agentrl_core.train.task_stream import StreamTask, TaskStream
@@ -240,9 +240,7 @@ class Trainer:
         async with ControllerClient(url) as client:
             self.client = client
             # model.lora: every request runs with the served adapter, the newest policy@vN at its admission
-            lora = None
-            if c.model.lora.enabled:
-                from agentrl_core.train.adapter_sync import SERVED_NAME as lora
+            lora = LORA_SERVED_NAME if c.model.lora.enabled else None
             self.engine_pools = {name: EnginePool(name, urls, timeout=c.engine.request_timeout,
                                                   health_timeout=c.engine.health_timeout, lora=lora)
                                  for name, urls in pools.urls.items()}

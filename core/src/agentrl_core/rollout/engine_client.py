@@ -47,6 +47,11 @@ DEFAULT_HEALTH_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 10.0
 
 
+# model.lora: the name the engines serve the trained adapter under, one version at a time as
+# policy@v<N>; a request naming the bare name runs with the newest version its engine holds
+LORA_SERVED_NAME = "policy"
+
+
 class EngineError(AgentrlError):
     """An engine answered with an error, or the answer was unusable."""
 

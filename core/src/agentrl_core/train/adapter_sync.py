@@ -26,13 +26,14 @@ from typing import Any
 
 import torch
 
+from agentrl_core.rollout.engine_client import LORA_SERVED_NAME
 from agentrl_core.train.weight_sync import NamedTensors, WeightSyncError, _Deadline, _Engines, release
 
 log = logging.getLogger(__name__)
 
 __all__ = ["MIN_KEEP", "SERVED_NAME", "AdapterTransport", "adapter_versions_kept"]
 
-SERVED_NAME = "policy"  # the engines serve the trained adapter as policy@v<N>
+SERVED_NAME = LORA_SERVED_NAME  # the engines serve the trained adapter as policy@v<N>
 MIN_KEEP = 2  # versions loaded at least: the newest, and the one requests still running started on
 
 
