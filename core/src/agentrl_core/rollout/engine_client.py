@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
+import attrs
 import httpx
 from attrs import field, frozen
 
@@ -244,6 +245,11 @@ class EngineClient:
         # model.lora: every generate names the served adapter (the engine resolves a bare name to
         # its newest version at admission, and refuses the request when none is loaded)
         self.lora = lora
+        # engines that take exact adapter names only (SGLang: no lora_adapters in /get_model_info) get
+        # <lora>@v<the server's weight version>, which the learner points at the newest adapter
+        self._lora_exact: bool | None = None
+        self._lora_version: int | str | None = None
+        self._lora_checked = 0.0
         self._own_http = http is None
         self.http = http or make_http_client(token=token)
         self.connect_retries = connect_retries
@@ -336,11 +342,21 @@ class EngineClient:
         payload: dict[str, Any] = {"input_ids": [int(t) for t in input_ids], "sampling_params": params,
                                    "return_logprob": return_logprob, "rid": rid}
         lora = lora or self.lora
+        exact: int | str | None = None
         if lora:
+            lora, exact = await self._adapter_name(lora)
             payload["lora_path"] = lora
         start = time.monotonic()
         try:
-            data = await self._json("POST", "/generate", payload)
+            try:
+                data = await self._json("POST", "/generate", payload)
+            except EngineError as exc:
+                if exact is None or exc.status != 400 or "not loaded" not in str(exc):
+                    raise
+                # the version it named was unloaded since: ask the engine for its newest and try once more
+                lora, exact = await self._adapter_name(self.lora or lora.rpartition("@v")[0], refresh=True)
+                payload["lora_path"] = lora
+                data = await self._json("POST", "/generate", payload)
         except (anyio.get_cancelled_exc_class(), EngineTimeout):
             # the caller gave up (its trajectory was cancelled) or the deadline passed: free the slot too
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -350,10 +366,39 @@ class EngineClient:
                     log.debug("aborting %s on %s failed: %s", rid, self.url, exc)
             raise
         result = GenerateResult.from_response(data, engine=self.url, pool=pool, latency=time.monotonic() - start)
+        if exact is not None:
+            # SGLang reports the server's version when it answers; the base never changes under an adapter,
+            # so every token is the version of the adapter the request ran with
+            self._learn_version(result.weight_version)
+            result = attrs.evolve(result, weight_version=exact, versions=[exact] * len(result.output_ids))
         if return_logprob and len(result.logprobs) != len(result.output_ids):
             raise EngineError(f"{self.url}: {len(result.output_ids)} tokens came back with "
                               f"{len(result.logprobs)} log-probs", url=self.url)
         return result
+
+    async def _adapter_name(self, lora: str, refresh: bool = False) -> tuple[str, int | str | None]:
+        """``(lora_path, version)``: a bare name for engines that resolve it (version None), else
+        ``<lora>@v<N>`` with ``N`` the engine's weight version, read at most once a second."""
+        if "@v" in lora:
+            return lora, normalize_version(lora.rpartition("@v")[2])
+        now = time.monotonic()
+        if self._lora_exact is None or (self._lora_exact and (refresh or now - self._lora_checked > 1.0)):
+            info = await self.model_info()
+            self._lora_exact = "lora_adapters" not in info
+            self._lora_version = normalize_version(info.get("weight_version"))
+            self._lora_checked = now
+        if not self._lora_exact:
+            return lora, None
+        return f"{lora}@v{self._lora_version}", self._lora_version
+
+    def _learn_version(self, version: int | str) -> None:
+        if isinstance(version, int) and (not isinstance(self._lora_version, int) or version > self._lora_version):
+            self._lora_version = version
+
+    async def update_weight_version(self, new_version: Any) -> dict[str, Any]:
+        """SGLang's route: label the server's weights ``new_version`` without aborting anything."""
+        return await self._json("POST", "/update_weight_version", {"new_version": str(new_version),
+                                                                   "abort_all_requests": False})
 
     async def chat_completions(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         return await self._json("POST", "/v1/chat/completions", dict(payload))

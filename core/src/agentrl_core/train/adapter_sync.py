@@ -72,12 +72,18 @@ class AdapterTransport:
         self.timeout_s = float(timeout_s)
         self.served = name
         self.engines: _Engines | None = None
+        self.exact: list[str] = []  # engines that take exact adapter names only (set by connect)
         self.loaded: list[str] = []  # names loaded by this transport, oldest first
         self.retiring: list[str] = []  # beyond keep, still in use on some engine: unloaded at a later sync
 
     def connect(self, learner_rank0: str | None, engines: Sequence[str]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.engines = _Engines(engines, self.timeout_s)
+        infos = self.engines.call("model_info", _Deadline(self.timeout_s, "asking the engines about adapters",
+                                                          "no sync ran"))
+        # engines that take exact adapter names only (SGLang) learn the newest one from their weight version
+        self.exact = [url for url, info in zip(self.engines.urls, infos, strict=True)
+                      if not (isinstance(info, dict) and "lora_adapters" in info)]
 
     def send(self, named_tensors: NamedTensors, version: int) -> dict[str, float]:
         from agentrl_core.train.lora import write_adapter
@@ -109,6 +115,8 @@ class AdapterTransport:
         if name in self.loaded:
             self.loaded.remove(name)
         self.engines.call("load_lora_adapter", deadline, lora_name=name, lora_path=str(path))
+        if self.exact:
+            self._each(self.exact, "update_weight_version", deadline, version)
         self.loaded.append(name)
         self.retiring += self.loaded[: -self.keep]
         self.loaded = self.loaded[-self.keep:]
@@ -169,6 +177,24 @@ class AdapterTransport:
         if busy:
             log.info("adapters %s are still in use; unloaded at a later sync", busy)
         return busy
+
+    def _each(self, urls: list[str], method: str, deadline: _Deadline, *args: Any) -> None:
+        assert self.engines is not None
+        engines = self.engines
+        clients = [c for c in engines.clients if c.url in urls]
+
+        async def run() -> None:
+            import anyio
+
+            with anyio.fail_after(deadline.left()):
+                async with anyio.create_task_group() as tg:
+                    for client in clients:
+                        tg.start_soon(getattr(client, method), *args)
+
+        try:
+            engines.portal.call(run)
+        except Exception as exc:
+            raise WeightSyncError(f"{method} failed on the engines {urls}: {exc}") from None
 
     def close(self) -> None:
         if self.engines is not None:
