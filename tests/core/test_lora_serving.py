@@ -183,6 +183,18 @@ async def test_sync_sends_the_adapter_alone_and_a_running_request_keeps_its_vers
         async with EngineClient(engine.url) as client:
             assert (await client.model_info())["lora_adapters"] == ["policy@v3"]
         assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["policy@v3"]
+        # a new transport (a restarted learner, or an engine restart's reconnect) takes over what the engine
+        # holds, and syncing the version it holds again keeps the engine's copy
+        again = AdapterTransport(root=tmp_path / "adapters", lora=LORA, model_dir=tiny_model_dir, keep=1)
+        again.connect(None, [engine.url])
+        try:
+            assert again.loaded == ["policy@v3"] and again.exact == []
+            again.send(learner.adapter_tensors(), 3)
+            assert again.loaded == ["policy@v3"]
+        finally:
+            again.close()
+        async with EngineClient(engine.url) as client:
+            assert (await client.model_info())["lora_adapters"] == ["policy@v3"]
     finally:
         transport.close()
 

@@ -11,8 +11,15 @@ version loaded at their admission (core/docs/lora.md).
 The pool keeps ``keep`` versions loaded (``rollout.staleness_bound + 1``, at least
 :data:`MIN_KEEP`): after a load, the oldest beyond ``keep`` are unloaded. An engine that
 refuses an unload because a request still runs with that version (409) keeps it, and the
-next sync tries again; so a running request never loses its adapter. A request that names
-an adapter its engine does not hold fails loudly (400), never silently on the base model.
+next sync tries again; so a running request never loses its adapter (SGLang's unload waits
+for those requests instead, so there the sync waits). A request that names an adapter its
+engine does not hold fails loudly (400), never silently on the base model.
+
+A new transport (the learner restarted, or a pool reconnected after an engine restart) takes
+over the ``<name>@vN`` versions the engines list, and a version an engine already holds is
+not loaded again (the same step's adapter). Engines that take exact names only (SGLang: its
+``/get_model_info`` lists no ``lora_adapters``) also get ``/update_weight_version N`` after a
+load: their clients name ``<name>@v<the server's version>``.
 """
 
 from __future__ import annotations
@@ -84,6 +91,11 @@ class AdapterTransport:
         # engines that take exact adapter names only (SGLang) learn the newest one from their weight version
         self.exact = [url for url, info in zip(self.engines.urls, infos, strict=True)
                       if not (isinstance(info, dict) and "lora_adapters" in info)]
+        # versions the engines already serve (from before a restart of the learner or of this transport):
+        # unloaded in turn like the ones this transport loads
+        held = {n for info in infos if isinstance(info, dict) for n in info.get("lora_adapters") or []
+                if n.startswith(f"{self.served}@v") and n.rpartition("@v")[2].isdigit()}
+        self.loaded = sorted(held | set(self.loaded), key=lambda n: int(n.rpartition("@v")[2]))
 
     def send(self, named_tensors: NamedTensors, version: int) -> dict[str, float]:
         from agentrl_core.train.lora import write_adapter
@@ -110,14 +122,11 @@ class AdapterTransport:
             release(tensors)
             raise
         written = time.perf_counter()
-        # the same version again (a resumed run, a restarted learner): an engine may hold an older copy
-        self._unload([name], deadline, strict=True, keep_folder=True)
-        if name in self.loaded:
-            self.loaded.remove(name)
-        self.engines.call("load_lora_adapter", deadline, lora_name=name, lora_path=str(path))
+        self._load(name, path, deadline)
         if self.exact:
             self._each(self.exact, "update_weight_version", deadline, version)
-        self.loaded.append(name)
+        if name not in self.loaded:
+            self.loaded.append(name)
         self.retiring += self.loaded[: -self.keep]
         self.loaded = self.loaded[-self.keep:]
         self.retiring = self._unload(self.retiring, deadline, strict=False)
@@ -130,6 +139,40 @@ class AdapterTransport:
                  name, len(self.engines.urls), counted["bytes"] / 2**20, 100 * stats.get("bytes_fraction", 0.0),
                  stats["seconds"])
         return stats
+
+    def _load(self, name: str, path: Path, deadline: _Deadline) -> None:
+        """Load ``name`` on every engine. An engine that holds it already (the same version synced
+        again: to a restarted engine's pool, or after a resume, both at the step the adapter was
+        saved at) keeps its copy; it answers 409 (hf, vllm) or 400 "already exists" (SGLang)."""
+        from agentrl_core.rollout.engine_client import EngineError
+
+        assert self.engines is not None
+        clients = self.engines.clients
+
+        async def load_all() -> list[str]:
+            import anyio
+
+            errors: list[str] = []
+
+            async def one(client: Any) -> None:
+                try:
+                    with anyio.fail_after(deadline.left()):
+                        await client.load_lora_adapter(name, str(path))
+                except EngineError as exc:
+                    if exc.status != 409 and "already exists" not in str(exc):
+                        errors.append(str(exc))
+                except TimeoutError:
+                    errors.append(f"{client.url}: loading {name} did not finish in time")
+
+            async with anyio.create_task_group() as tg:
+                for client in clients:
+                    tg.start_soon(one, client)
+            return errors
+
+        errors = self.engines.portal.call(load_all)
+        if errors:
+            raise WeightSyncError(f"loading adapter {name} failed on {len(errors)} of {len(clients)} engines: "
+                                  f"{'; '.join(errors[:6])}")
 
     def _unload(self, names: list[str], deadline: _Deadline, *, strict: bool, keep_folder: bool = False) -> list[str]:
         """Unload ``names`` from every engine; returns those some engine still uses (409).
