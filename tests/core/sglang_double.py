@@ -569,7 +569,7 @@ class FakeSGLang:
                 "groups": {n: {"ranks": g.ranks, "world_size": g.world_size} for n, g in self.groups.items()},
                 "progress": {rid: self.progress.get(rid, 0) for rid in self.running},
                 "offload_tags": sorted(self.offload_tags), "released": sorted(self._released()),
-                "stale_weights": len(self.stale_weights),
+                "stale_weights": len(self.stale_weights), "loras": sorted(self.loras),
                 "tensors": self.tensors}
 
 

@@ -100,14 +100,26 @@ async def test_adapters_reach_sglang_by_exact_name_and_a_running_request_keeps_i
                         synced.set()
 
                     tg.start_soon(anyio.to_thread.run_sync, sync)
-                    async with httpx.AsyncClient() as http:
-                        while "/update_weight_version" not in (await http.get(url + "/double/requests")).json() or \
-                                len((await http.get(url + "/double/requests")).json()["/update_weight_version"]) < 2:
+                    with anyio.fail_after(30):
+                        while not synced.is_set():
                             await anyio.sleep(0.01)
+                    # the sync is done while the request on v1 runs: SGLang's unload of v1 waits for it, the sync not
+                    assert "long" not in box
+                    async with httpx.AsyncClient() as http:
+                        assert (await http.get(url + "/double/state")).json()["loras"] == ["policy@v2"]
                     await anyio.sleep(1.1)  # past the client's one-second cache of the server's version
                     second = await client.generate([1, 2, 3], {"max_new_tokens": 3})
-                    long_done_first = "long" not in box and not synced.is_set()
-                    assert long_done_first  # the unload of v1 still waits for the long request
+                assert (tmp_path / "adapters" / "policy@v1").is_dir()  # unloaded after the long request ended
+                with anyio.fail_after(30):  # SGLang answers the unload of v1 now that its request is done
+                    while not all(future.done() for _, future in transport._waiting):
+                        await anyio.sleep(0.01)
+                await anyio.to_thread.run_sync(transport.send, learner.adapter_tensors(), 3)
+                assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["policy@v2", "policy@v3"]
+                with pytest.raises(EngineError, match="not loaded: policy@v1"):  # an exact name is not re-resolved
+                    await client.generate([1, 2, 3], {"max_new_tokens": 1}, lora="policy@v1")
+                with anyio.fail_after(30):  # the unload of v2 (nothing runs with it) is answered at once
+                    while not all(future.done() for _, future in transport._waiting):
+                        await anyio.sleep(0.01)
             finally:
                 transport.close()
             async with httpx.AsyncClient() as http:
@@ -117,9 +129,72 @@ async def test_adapters_reach_sglang_by_exact_name_and_a_running_request_keeps_i
     assert long.finish_reason == "length" and long.versions == [1] * 2000  # it ran on v1 to its end
     assert second.versions == [2, 2, 2]
     # v0 twice (refused, asked again after reading the server's version: still refused), v0 once more (the
-    # client's version, read under a second before, was still 0: refused, so it read v1), then v1, v1, v2
+    # client's version, read under a second before, was still 0: refused, so it read v1), then v1, v1, v2,
+    # and the exact policy@v1 at the end, refused without another try
     assert [b["lora_path"] for b in seen["/generate"]] == ["policy@v0", "policy@v0", "policy@v0", "policy@v1",
-                                                             "policy@v1", "policy@v2"]
-    assert [b["new_version"] for b in seen["/update_weight_version"]] == ["1", "2"]
+                                                             "policy@v1", "policy@v2", "policy@v1"]
+    assert [b["new_version"] for b in seen["/update_weight_version"]] == ["1", "2", "3"]
     assert all(b["abort_all_requests"] is False for b in seen["/update_weight_version"])
-    assert [b["lora_name"] for b in seen["/unload_lora_adapter"]] == ["policy@v1"]  # beyond keep=1, once
+    assert [b["lora_name"] for b in seen["/unload_lora_adapter"]] == ["policy@v1", "policy@v2"]  # beyond keep=1
+
+
+@pytest.mark.processes
+async def test_a_colocated_lora_pool_keeps_its_weights_and_is_continued_after_the_adapter_sync(
+        tmp_path, monkeypatch, tiny_model_dir, world_of_one):
+    """engine.release_memory with model.lora: only the KV cache goes (no full-weight update would refill
+    SGLang's released weights), and the pool, paused for the learner step, is continued after the adapter
+    sync, which itself never pauses."""
+    from agentrl_core.config import LossConfig, OptimConfig, TrainConfig
+    from agentrl_core.rollout.engine_client import EnginePool
+    from agentrl_core.train.adapter_sync import AdapterTransport
+    from agentrl_core.train.engine_memory import EngineMemory
+    from agentrl_core.train.learner import Learner
+
+    shim = install_shim(tmp_path / "shim")
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    monkeypatch.setenv("SGLANG_DOUBLE_STARTUP_S", "0")
+    learner = Learner(tiny_model_dir, train=TrainConfig(device="cpu"), optim=OptimConfig(), loss=LossConfig(),
+                      temperature=1.0, lora=LORA)
+    config = EngineConfig(driver="sglang", device="cuda", sglang=SGLangOptions(python=sys.executable,
+                                                                              startup_timeout=60))
+    driver = SGLangDriver(config, model=ModelConfig(lora=LORA), log_dir=str(tmp_path / "logs"))
+    driver.release_memory = True
+    with driver:
+        [url] = await anyio.to_thread.run_sync(driver.launch, "current", str(tiny_model_dir), [[0]])
+        transport = AdapterTransport(root=tmp_path / "adapters", lora=LORA, model_dir=tiny_model_dir)
+        await anyio.to_thread.run_sync(transport.connect, None, [url])
+        answers = {}
+        try:
+            await anyio.to_thread.run_sync(transport.send, learner.adapter_tensors(), 0)
+            async with EnginePool("current", [url], lora="policy") as pool, \
+                    httpx.AsyncClient(base_url=url, timeout=30) as http:
+                memory = EngineMemory({"current": pool}, adapters=True)
+
+                async def generate(key, n):
+                    answers[key] = await pool.generate(key, [1, 2, 3], {"max_new_tokens": n})
+
+                async with anyio.create_task_group() as tg:
+                    await memory.release(["current"])  # the step is due a sync: still only the KV cache
+                    state = (await http.get("/double/state")).json()
+                    assert state["paused"] and state["released"] == ["kv_cache"]
+                    tg.start_soon(generate, "held", 4)  # held while paused
+                    await wait_until_generate(http, 1)
+                    await memory.resume()
+                    await anyio.to_thread.run_sync(transport.send, learner.adapter_tensors(), 1)
+                    assert "held" not in answers  # the adapter sync did not continue the pool
+                    await memory.continue_unsynced(["current"])
+                state = (await http.get("/double/state")).json()
+                order = [r for r in state["order"] if "memory" in r or "generation" in r]
+        finally:
+            transport.close()
+    assert state["stale_weights"] == 0 and state["offload_tags"] == []
+    assert order == ["/pause_generation", "/release_memory_occupation", "/resume_memory_occupation",
+                     "/continue_generation"]
+    # it asked for policy@v0 (the server's version then) while paused, and ran with it once continued
+    assert answers["held"].output_ids == [6, 7, 8, 9] and answers["held"].versions == [0] * 4
+
+
+async def wait_until_generate(http, n):
+    with anyio.fail_after(30):
+        while len((await http.get("/double/requests")).json().get("/generate", [])) < n:
+            await anyio.sleep(0.01)

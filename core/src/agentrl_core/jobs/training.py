@@ -306,7 +306,8 @@ class Trainer:
         names = getattr(self, "release_pools", [])
         if not names:
             return None
-        return EngineMemory({n: self.engine_pools[n] for n in names}, partial_rollouts=self.config.rollout.partial_rollouts)
+        return EngineMemory({n: self.engine_pools[n] for n in names}, partial_rollouts=self.config.rollout.partial_rollouts,
+                            adapters=self.config.model.lora.enabled)
 
     def _build_rollout(self, agent_loop: Any) -> None:
         """The buffer and the rollout manager that fills it (``self.stream`` is set)."""

@@ -341,20 +341,20 @@ class EngineClient:
         rid = rid or uuid.uuid4().hex
         payload: dict[str, Any] = {"input_ids": [int(t) for t in input_ids], "sampling_params": params,
                                    "return_logprob": return_logprob, "rid": rid}
-        lora = lora or self.lora
+        requested = lora or self.lora
         exact: int | str | None = None
-        if lora:
-            lora, exact = await self._adapter_name(lora)
+        if requested:
+            lora, exact = await self._adapter_name(requested)
             payload["lora_path"] = lora
         start = time.monotonic()
         try:
             try:
                 data = await self._json("POST", "/generate", payload)
             except EngineError as exc:
-                if exact is None or exc.status != 400 or "not loaded" not in str(exc):
+                if exact is None or "@v" in str(requested) or exc.status != 400 or "not loaded" not in str(exc):
                     raise
-                # the version it named was unloaded since: ask the engine for its newest and try once more
-                lora, exact = await self._adapter_name(self.lora or lora.rpartition("@v")[0], refresh=True)
+                # the version it resolved was unloaded since: ask the engine for its newest and try once more
+                lora, exact = await self._adapter_name(str(requested), refresh=True)
                 payload["lora_path"] = lora
                 data = await self._json("POST", "/generate", payload)
         except (anyio.get_cancelled_exc_class(), EngineTimeout):

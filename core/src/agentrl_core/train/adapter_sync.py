@@ -11,8 +11,9 @@ version loaded at their admission (core/docs/lora.md).
 The pool keeps ``keep`` versions loaded (``rollout.staleness_bound + 1``, at least
 :data:`MIN_KEEP`): after a load, the oldest beyond ``keep`` are unloaded. An engine that
 refuses an unload because a request still runs with that version (409) keeps it, and the
-next sync tries again; so a running request never loses its adapter (SGLang's unload waits
-for those requests instead, so there the sync waits). A request that names an adapter its
+next sync tries again; so a running request never loses its adapter. SGLang's unload waits
+for those requests instead: the sync does not wait for its answer (a request held by a paused
+pool would wait for the sync in turn), and the folder goes once SGLang answered. A request that names an adapter its
 engine does not hold fails loudly (400), never silently on the base model.
 
 A new transport (the learner restarted, or a pool reconnected after an engine restart) takes
@@ -82,6 +83,7 @@ class AdapterTransport:
         self.exact: list[str] = []  # engines that take exact adapter names only (set by connect)
         self.loaded: list[str] = []  # names loaded by this transport, oldest first
         self.retiring: list[str] = []  # beyond keep, still in use on some engine: unloaded at a later sync
+        self._waiting: list[tuple[str, Any]] = []  # unloads not answered yet (SGLang's wait for their requests)
 
     def connect(self, learner_rank0: str | None, engines: Sequence[str]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -129,7 +131,8 @@ class AdapterTransport:
             self.loaded.append(name)
         self.retiring += self.loaded[: -self.keep]
         self.loaded = self.loaded[-self.keep:]
-        self.retiring = self._unload(self.retiring, deadline, strict=False)
+        leaving, self.retiring = self.retiring, []
+        self.retiring = self._unload(leaving, deadline)
         stats = {"bytes": counted["bytes"], "tensors": counted["tensors"], "write_seconds": written - start,
                  "adapters_loaded": len(self.loaded) + len(self.retiring), "seconds": time.perf_counter() - start}
         if self.full_bytes:
@@ -174,16 +177,19 @@ class AdapterTransport:
             raise WeightSyncError(f"loading adapter {name} failed on {len(errors)} of {len(clients)} engines: "
                                   f"{'; '.join(errors[:6])}")
 
-    def _unload(self, names: list[str], deadline: _Deadline, *, strict: bool, keep_folder: bool = False) -> list[str]:
+    def _unload(self, names: list[str], deadline: _Deadline) -> list[str]:
         """Unload ``names`` from every engine; returns those some engine still uses (409).
 
-        An engine that does not hold a name (400: restarted, or unloaded before) is fine.
-        ``strict``: a name in use is an error instead.
+        An engine that does not hold a name (400: restarted, or unloaded before) is fine. An
+        engine that takes exact names (SGLang) answers an unload only once the requests running
+        with the adapter finished; it is not waited for (a request held by a paused pool would
+        wait for this very sync), and the adapter's folder goes once it answered.
         """
         from agentrl_core.rollout.engine_client import EngineError
 
         assert self.engines is not None
         engines = self.engines
+        self._sweep()
 
         async def unload_all() -> list[str]:
             import anyio
@@ -205,21 +211,39 @@ class AdapterTransport:
 
             async with anyio.create_task_group() as tg:
                 for client in engines.clients:
-                    for name in names:
-                        tg.start_soon(one, client, name)
+                    if client.url not in self.exact:
+                        for name in names:
+                            tg.start_soon(one, client, name)
             if errors:
                 raise WeightSyncError(f"unloading old adapters failed: {'; '.join(errors[:6])}")
             return [n for n in names if n in busy]
 
         busy = engines.portal.call(unload_all) if names else []
-        if busy and strict:
-            raise WeightSyncError(f"adapters {busy} are in use on an engine and cannot be replaced")
+        for client in engines.clients:
+            if client.url in self.exact:
+                for name in names:
+                    self._waiting.append((name, engines.portal.start_task_soon(client.unload_lora_adapter, name)))
         for name in names:
-            if name not in busy and not keep_folder:
-                shutil.rmtree(self.root / name, ignore_errors=True)
+            if name not in busy:
+                self._forget(name)
         if busy:
             log.info("adapters %s are still in use; unloaded at a later sync", busy)
         return busy
+
+    def _sweep(self) -> None:
+        """Unloads answered since the last sync (SGLang's): log failures, delete what is free."""
+        done = [(n, f) for n, f in self._waiting if f.done()]
+        self._waiting = [(n, f) for n, f in self._waiting if not f.done()]
+        for name, future in done:
+            error = future.exception()
+            if error is not None and getattr(error, "status", None) != 400:
+                log.warning("unloading adapter %s failed: %s", name, error)
+            self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        """Delete the folder of ``name`` once no engine can need it any more."""
+        if name not in self.loaded and name not in self.retiring and all(n != name for n, _ in self._waiting):
+            shutil.rmtree(self.root / name, ignore_errors=True)
 
     def _each(self, urls: list[str], method: str, deadline: _Deadline, *args: Any) -> None:
         assert self.engines is not None
@@ -240,6 +264,9 @@ class AdapterTransport:
             raise WeightSyncError(f"{method} failed on the engines {urls}: {exc}") from None
 
     def close(self) -> None:
+        for _, future in self._waiting:  # SGLang's unloads still waiting for their requests: not waited for
+            future.cancel()
+        self._waiting = []
         if self.engines is not None:
             self.engines.close()
             self.engines = None
