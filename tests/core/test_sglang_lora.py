@@ -198,3 +198,20 @@ async def wait_until_generate(http, n):
     with anyio.fail_after(30):
         while len((await http.get("/double/requests")).json().get("/generate", [])) < n:
             await anyio.sleep(0.01)
+
+
+def test_too_few_sglang_adapter_slots_for_the_staleness_bound_are_refused_at_start():
+    from agentrl_core.config import config_from_dict
+    from agentrl_core.errors import ConfigError
+    from agentrl_core.jobs.training import Trainer
+
+    def config(max_loras, bound):
+        return config_from_dict({"model": {"path": "/m", "lora": {"enabled": True}}, "tasks": [{"env": "calc"}],
+                                 "engine": {"driver": "sglang", "sglang": {"max_loras": max_loras}},
+                                 "rollout": {"staleness_bound": bound}}, validate_plugins=False)
+
+    # bound 4: the learner keeps 5 versions loaded; SGLang loads a sixth only below --max-loaded-loras = 4 + 1
+    with pytest.raises(ConfigError, match="engine.sglang.max_loras=4 is too small for model.lora: the learner keeps 5 "
+                                          ".* set engine.sglang.max_loras to 5 or more"):
+        Trainer(config(4, 4))
+    Trainer(config(5, 4))  # enough

@@ -102,6 +102,14 @@ class Trainer:
                 f"rollout.staleness_bound={bound} is below {minimum} = stale_step + 2, the lag the "
                 f"{c.sampler.name!r} sampler's stale pool needs by design; raise it or unset it"
             )
+        if c.model.lora.enabled and c.engine.driver == "sglang":
+            from agentrl_core.train.adapter_sync import adapter_versions_kept
+
+            kept = adapter_versions_kept(bound)
+            if kept > c.engine.sglang.max_loras:  # SGLang refuses a load with --max-loaded-loras (max_loras + 1) registered
+                raise ConfigError(f"engine.sglang.max_loras={c.engine.sglang.max_loras} is too small for model.lora: the "
+                                  f"learner keeps {kept} adapter versions loaded (rollout.staleness_bound + 1, at least "
+                                  f"2), and SGLang loads a new one only below max_loras + 1 registered; set engine.sglang.max_loras to {kept} or more")
 
     def build_sampler(self) -> Any:
         c = self.config
