@@ -246,7 +246,7 @@ class EngineModel:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         gqa = self.num_kv_heads != self.num_heads
         size = len(flat)
-        lora = AdapterGroups(adapters or [None] * len(lengths), lengths, dev)
+        lora = AdapterGroups(adapters, lengths, dev) if adapters else None  # none: the base weights alone
         intermediate = self.blocks[0].down_w.shape[1]
         qkv_parts = (("q_proj", 0, q_size), ("k_proj", q_size, q_size + kv_size),
                      ("v_proj", q_size + kv_size, q_size + 2 * kv_size))
