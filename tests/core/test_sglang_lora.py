@@ -215,3 +215,37 @@ def test_too_few_sglang_adapter_slots_for_the_staleness_bound_are_refused_at_sta
                                           ".* set engine.sglang.max_loras to 5 or more"):
         Trainer(config(4, 4))
     Trainer(config(5, 4))  # enough
+
+
+@pytest.mark.processes
+async def test_the_gateways_client_names_sglang_adapters_exactly_too(tmp_path, monkeypatch, tiny_model_dir):
+    from agentrl_core.gateway.engines import LeanEngineClient
+
+    shim = install_shim(tmp_path / "shim")
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    monkeypatch.setenv("SGLANG_DOUBLE_STARTUP_S", "0")
+    config = EngineConfig(driver="sglang", device="cuda", sglang=SGLangOptions(python=sys.executable,
+                                                                              startup_timeout=60))
+    for version in (5, 6):  # the double reads the adapter's config only
+        (tmp_path / f"policy@v{version}").mkdir()
+        (tmp_path / f"policy@v{version}" / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8}')
+    with SGLangDriver(config, model=ModelConfig(lora=LORA), log_dir=str(tmp_path / "logs")) as driver:
+        [url] = await anyio.to_thread.run_sync(driver.launch, "current", str(tiny_model_dir), [[0]])
+        client = LeanEngineClient(url, lora="policy")
+        try:
+            async with EngineClient(url) as admin:
+                await admin.load_lora_adapter("policy@v5", str(tmp_path / "policy@v5"))
+                await admin.update_weight_version(5)
+                first = await client.generate([1, 2, 3], {"max_new_tokens": 2})
+                # the next version while the client still trusts what it read (pinned here, so that a slow machine
+                # does not outlast its second): it names v5, is refused, reads v6 and asks again
+                client._lora_checked = float("inf")
+                await admin.load_lora_adapter("policy@v6", str(tmp_path / "policy@v6"))
+                await admin.update_weight_version(6)
+                await admin.unload_lora_adapter("policy@v5")
+                second = await client.generate([1, 2, 3], {"max_new_tokens": 2})
+                seen = [b.get("lora_path") for b in (await admin.http.get(url + "/double/requests")).json()["/generate"]]
+        finally:
+            await client.aclose()
+    assert first.versions == [5, 5] and second.versions == [6, 6] and second.weight_version == 6
+    assert seen == ["policy@v5", "policy@v5", "policy@v6"]

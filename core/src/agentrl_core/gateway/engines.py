@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 from agentrl_core.gateway.protocol import OpenAIError
 from agentrl_core.http.client import ConnectFailed, Pool, RequestTimeout, TransportError
@@ -75,18 +75,17 @@ class LeanEngineClient(EngineClient):
         rid = rid or uuid.uuid4().hex
         payload: dict[str, Any] = {"input_ids": [int(t) for t in input_ids], "sampling_params": params,
                                    "return_logprob": return_logprob, "rid": rid}
-        lora = lora or self.lora
-        if lora:  # model.lora: the served adapter (EngineClient.generate)
-            payload["lora_path"] = lora
+        requested = lora or self.lora
+        exact: int | str | None = None
+        if requested:  # model.lora: the served adapter, named as EngineClient.generate names it
+            payload["lora_path"], exact = await self._adapter_name(requested)
         deadline = self.timeout if self.timeout is not None else DEFAULT_TIMEOUT
         start = time.monotonic()
-        try:
-            response = await asyncio.wait_for(self._send(payload, deadline), deadline)
-        except (asyncio.CancelledError, asyncio.TimeoutError, RequestTimeout) as exc:
-            await asyncio.shield(self._abort(rid))
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            raise EngineTimeout(f"POST {self.url}/generate did not finish within {deadline:g} s", url=self.url) from None
+        response = await self._generate_once(payload, rid, deadline)
+        if (response.status == 400 and exact is not None and "@v" not in str(requested)
+                and "not loaded" in response.detail()):  # the version it resolved was unloaded since
+            payload["lora_path"], exact = await self._adapter_name(str(requested), refresh=True)
+            response = await self._generate_once(payload, rid, deadline)
         if response.status != 200:
             raise EngineError(f"POST {self.url}/generate answered {response.status}: {response.detail()}",
                               url=self.url, status=response.status)
@@ -95,10 +94,22 @@ class LeanEngineClient(EngineClient):
         except ValueError:
             raise EngineError(f"POST {self.url}/generate answered non-JSON", url=self.url) from None
         result = GenerateResult.from_response(data, engine=self.url, pool=pool, latency=time.monotonic() - start)
+        if exact is not None:  # every token is the version of the adapter it ran with (EngineClient.generate)
+            self._learn_version(result.weight_version)
+            result = evolve(result, weight_version=exact, versions=[exact] * len(result.output_ids))
         if return_logprob and len(result.logprobs) != len(result.output_ids):
             raise EngineError(f"{self.url}: {len(result.output_ids)} tokens came back with "
                               f"{len(result.logprobs)} log-probs", url=self.url)
         return result
+
+    async def _generate_once(self, payload: dict[str, Any], rid: str, deadline: float) -> Any:
+        try:
+            return await asyncio.wait_for(self._send(payload, deadline), deadline)
+        except (asyncio.CancelledError, asyncio.TimeoutError, RequestTimeout) as exc:
+            await asyncio.shield(self._abort(rid))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise EngineTimeout(f"POST {self.url}/generate did not finish within {deadline:g} s", url=self.url) from None
 
     async def _send(self, payload: dict[str, Any], deadline: float) -> Any:
         attempt = 0
