@@ -63,6 +63,16 @@ and the weight updater of 0.5.x were read for each point):
   answer 401 to a request without ``Authorization: Bearer KEY``, as SGLang 0.5.x's
   ``add_api_key_middleware`` does (``/health`` and ``/metrics`` stay open there; its body is
   ``{"error": "Unauthorized"}``, ours the HTTP kit's one sentence);
+* LoRA as in SGLang's tokenizer manager and ``lora/lora_registry.py``: ``/load_lora_adapter
+  {lora_name, lora_path}`` needs ``--enable-lora`` (and, without ``--lora-paths``,
+  ``--max-lora-rank`` and ``--lora-target-modules``), refuses a name already loaded and more
+  than ``--max-loaded-loras`` adapters, and answers ``{success, error_message,
+  loaded_adapters}`` (200, or 400); ``/generate`` takes ``lora_path`` as an *exact* loaded
+  name (else 400, "The following requested LoRA adapters are not loaded"); ``/unload_lora_adapter``
+  unregisters the name at once, then *waits* until the requests running with it finished
+  (SGLang's ``wait_for_unload``), then answers; ``/update_weight_version {new_version,
+  abort_all_requests}`` relabels the server (aborting every running request unless
+  ``abort_all_requests`` is false, SGLang's default being true);
 * ``GET /double/requests`` (test-only) returns every request body received, by route,
   ``GET /double/state`` the environment, groups, received tensors, the admin calls in
   order and the tokens generated so far by each running request, and ``POST /double/config {load_s}`` sets the load time of a weight update.
@@ -105,6 +115,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--api-key", default=None)
     p.add_argument("--enable-memory-saver", action="store_true")
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--max-lora-rank", type=int, default=None)
+    p.add_argument("--lora-target-modules", nargs="*", default=None)
+    p.add_argument("--max-loras-per-batch", type=int, default=8)
+    p.add_argument("--max-loaded-loras", type=int, default=None)
     return p.parse_args(argv)
 
 
@@ -159,6 +174,9 @@ class FakeSGLang:
         self.model_params = _checkpoint_shapes(args.model_path)
         self.offload_tags: set[str] = set()  # the scheduler's offload_tags
         self.stale_weights: set[str] = set()  # parameters resumed without values, not written since
+        self.loras: dict[str, str] = {}  # the LoRA registry: name -> path, for new requests
+        self.lora_users: dict[str, int] = {}  # requests running with each adapter (SGLang's counters)
+        self.lora_released = asyncio.Condition()
         self.app = App(name="sglang-double", token=args.api_key,
                        open_paths=("/health", "/health_generate", "/double/requests", "/double/state",
                                    "/double/config"))
@@ -176,6 +194,8 @@ class FakeSGLang:
             ("POST", "/release_memory_occupation", self.release_memory),
             ("GET", "/release_memory_occupation", self.release_memory),
             ("POST", "/resume_memory_occupation", self.resume_memory),
+            ("POST", "/load_lora_adapter", self.load_lora), ("POST", "/unload_lora_adapter", self.unload_lora),
+            ("POST", "/update_weight_version", self.update_weight_version),
             ("GET", "/resume_memory_occupation", self.resume_memory),
             ("GET", "/double/requests", self.requests), ("GET", "/double/state", self.state),
             ("POST", "/double/config", self.configure),
@@ -249,6 +269,23 @@ class FakeSGLang:
         if unknown:
             raise HTTPError(400, f"unknown sampling params {sorted(unknown)}")
         prompt = len(body.get("input_ids") or [])
+        lora = body.get("lora_path")
+        if lora is not None:  # the tokenizer manager acquires the adapter before anything is queued
+            if not self.args.enable_lora:
+                raise HTTPError(400, "The server is not configured to enable LoRA. Please set `--enable-lora`.")
+            if lora not in self.loras:
+                raise HTTPError(400, f"The following requested LoRA adapters are not loaded: {lora}\n"
+                                     f"Loaded adapters: {list(self.loras)}.")
+            self.lora_users[lora] = self.lora_users.get(lora, 0) + 1
+        try:
+            return await self._generate(body, params, prompt)
+        finally:
+            if lora is not None:
+                async with self.lora_released:
+                    self.lora_users[lora] -= 1
+                    self.lora_released.notify_all()
+
+    async def _generate(self, body: dict, params: dict, prompt: int) -> dict:
         self.gated += 1
         self.gated_tokens += prompt
         try:
@@ -468,6 +505,54 @@ class FakeSGLang:
 
     # -- test-only ------------------------------------------------------------------------
 
+    # -- LoRA (tokenizer_manager / tokenizer_control_mixin, lora_registry.py) ---------------
+
+    def _lora_answer(self, success: bool, error: str | None) -> Response:
+        body = {"success": success, "error_message": error, "loaded_adapters": dict(self.loras)}
+        return json_response(body, 200 if success else 400)
+
+    async def load_lora(self, request: Request) -> Response:
+        body = self.record(request)
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not self.args.enable_lora:
+            return self._lora_answer(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+        if self.args.max_lora_rank is None or not self.args.lora_target_modules:
+            return self._lora_answer(False, "TEST DOUBLE: SGLang needs --max-lora-rank and --lora-target-modules to "
+                                            "load adapters at run time without --lora-paths")
+        if name in self.loras:
+            return self._lora_answer(False, f"LoRA with name {name} already exists. Loaded LoRAs: {list(self.loras)}")
+        limit = self.args.max_loaded_loras
+        if limit is not None and len(self.loras) >= limit:
+            return self._lora_answer(False, "Maximum number of LoRA adapters loaded")
+        try:
+            config = json.loads((Path(str(path)) / "adapter_config.json").read_text())
+        except (OSError, ValueError) as exc:
+            return self._lora_answer(False, f"Failed to load LoRA adapter {name}: {exc}")
+        if int(config.get("r", 0)) > self.args.max_lora_rank:
+            return self._lora_answer(False, f"LoRA adapter {name} has rank {config.get('r')}, above --max-lora-rank "
+                                            f"{self.args.max_lora_rank}")
+        self.loras[str(name)] = str(path)
+        return self._lora_answer(True, None)
+
+    async def unload_lora(self, request: Request) -> Response:
+        body = self.record(request)
+        name = body.get("lora_name")
+        if name not in self.loras:
+            return self._lora_answer(False, f"LoRA with name {name} does not exist. Loaded LoRAs: {list(self.loras)}")
+        del self.loras[name]  # unregistered first: no new request gets it
+        async with self.lora_released:  # then SGLang waits for the requests running with it
+            await self.lora_released.wait_for(lambda: self.lora_users.get(name, 0) == 0)
+        self.lora_users.pop(name, None)
+        return self._lora_answer(True, None)
+
+    async def update_weight_version(self, request: Request) -> dict:
+        body = self.record(request)
+        if body.get("abort_all_requests", True):  # SGLang's default aborts every running request
+            for req in self.running.values():
+                req.aborted.set()
+        self.weight_version = str(body["new_version"])
+        return {"success": True, "message": f"Weight version updated to {self.weight_version}"}
+
     async def requests(self, request: Request) -> dict:
         return self.received
 
@@ -484,7 +569,7 @@ class FakeSGLang:
                 "groups": {n: {"ranks": g.ranks, "world_size": g.world_size} for n, g in self.groups.items()},
                 "progress": {rid: self.progress.get(rid, 0) for rid in self.running},
                 "offload_tags": sorted(self.offload_tags), "released": sorted(self._released()),
-                "stale_weights": len(self.stale_weights),
+                "stale_weights": len(self.stale_weights), "loras": sorted(self.loras),
                 "tensors": self.tensors}
 
 

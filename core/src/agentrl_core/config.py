@@ -203,6 +203,9 @@ class SGLangOptions:
     extra_args: list[str] = field(factory=list)  # extra command-line arguments for sglang.launch_server
     # seconds an engine may take to load and answer /health
     startup_timeout: float = field(default=900.0, validator=in_range(0.0, lo_open=True))
+    # model.lora: adapter versions in one batch (--max-loras-per-batch; --max-loaded-loras is one more, for the
+    # version being loaded); at least rollout.staleness_bound + 1, the versions the learner keeps loaded
+    max_loras: int = field(default=4, validator=in_range(1))
 
 
 @frozen

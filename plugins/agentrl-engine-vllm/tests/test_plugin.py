@@ -153,3 +153,33 @@ def test_releasing_memory_on_cpu_is_refused_in_one_sentence_before_any_engine_st
     assert driver.procs.processes == []
     cmd, _ = driver.command("m", {"device": "cuda", "gpus": [0]}, tmp_path / "p.json", "current-0")
     assert "--enable-sleep-mode" in cmd[cmd.index("--options") + 1]  # on GPU: vLLM starts with its sleep mode
+
+
+def test_model_lora_turns_on_vllms_runtime_lora_loading():
+    import argparse
+
+    from agentrl_engine_vllm.driver import vllm_lora_rank
+    from agentrl_engine_vllm.serve import vllm_command
+
+    from agentrl_core.config import EngineConfig, LoraConfig, ModelConfig
+
+    assert [vllm_lora_rank(r) for r in (1, 4, 8, 9, 64)] == [1, 8, 8, 16, 64]  # vLLM takes 1, 8, 16, 32, ...
+    with pytest.raises(EngineLaunchError, match="above vLLM's largest LoRA rank"):
+        vllm_lora_rank(1024)
+    engine = EngineConfig(driver="vllm", options={"vllm": {"max_loras": 3}})
+    lora = LoraConfig(enabled=True, rank=4)
+    driver = VLLMDriver(engine=engine, model=ModelConfig(lora=lora))
+    options = driver.engine_options("cpu", 0)
+    assert options["lora"] == {"max_loras": 3, "max_lora_rank": 8}
+    args = argparse.Namespace(options=options, python="python", model="/m", served_model_name="current-0",
+                              device="cpu", cpus=None)
+    cmd, env = vllm_command(args, "/tmp/v.sock")
+    flags = " ".join(cmd)
+    assert "--enable-lora --max-loras 3 --max-cpu-loras 3 --max-lora-rank 8" in flags
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"  # /v1/load_lora_adapter exists only with it
+    # without model.lora nothing changes
+    plain = VLLMDriver(engine=engine, model=ModelConfig()).engine_options("cpu", 0)
+    assert "lora" not in plain
+    args.options = plain
+    cmd, env = vllm_command(args, "/tmp/v.sock")
+    assert "--enable-lora" not in cmd and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env

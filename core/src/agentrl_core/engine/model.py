@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from agentrl_core.engine.lora import Adapter, AdapterGroups
+
 log = logging.getLogger(__name__)
 
 # The attention kernels the engine lets scaled_dot_product_attention choose from: all but
@@ -195,8 +197,12 @@ class EngineModel:
     # Forward
 
     @torch.inference_mode()
-    def extend(self, slots: Sequence[int], tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> torch.Tensor:
+    def extend(self, slots: Sequence[int], tokens: Sequence[Sequence[int]], starts: Sequence[int],
+               adapters: Sequence[Adapter | None] | None = None) -> torch.Tensor:
         """Append ``tokens[i]`` to slot ``slots[i]`` at position ``starts[i]``; fp32 logits ``[B, V]``.
+
+        ``adapters[i]``: the LoRA adapter row ``i`` runs with (None: the base weights;
+        :mod:`agentrl_core.engine.lora`).
 
         Slot ``slots[i]`` must hold valid keys/values for positions ``[0, starts[i])``.
         The logits are those of each row's last new token. Rows may mix one-token decoding
@@ -240,10 +246,16 @@ class EngineModel:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         gqa = self.num_kv_heads != self.num_heads
         size = len(flat)
+        lora = AdapterGroups(adapters, lengths, dev) if adapters else None  # none: the base weights alone
+        intermediate = self.blocks[0].down_w.shape[1]
+        qkv_parts = (("q_proj", 0, q_size), ("k_proj", q_size, q_size + kv_size),
+                     ("v_proj", q_size + kv_size, q_size + 2 * kv_size))
         with sdpa_kernel(ATTENTION_BACKENDS):
             for index, blk in enumerate(self.blocks):
                 x = _rms_norm(hidden, blk.ln1, blk.eps)
                 qkv = F.linear(x, blk.qkv_w, blk.qkv_b)
+                if lora:
+                    lora.add(qkv, x, index, qkv_parts)
                 q = qkv[:, :q_size].view(size, self.num_heads, self.head_dim)
                 k = qkv[:, q_size : q_size + kv_size].view(size, self.num_kv_heads, self.head_dim)
                 v = qkv[:, q_size + kv_size :].view(size, self.num_kv_heads, self.head_dim)
@@ -275,10 +287,22 @@ class EngineModel:
                                                               attn_mask=multi_masks[i], scale=self.scaling,
                                                               enable_gqa=gqa)
                     out[a:b] = attended[0].transpose(0, 1)
-                hidden = hidden + F.linear(out.view(size, q_size), blk.o_w, blk.o_b)
-                gate_up = F.linear(_rms_norm(hidden, blk.ln2, blk.eps), blk.gate_up_w)
+                attended_flat = out.view(size, q_size)
+                projected = F.linear(attended_flat, blk.o_w, blk.o_b)
+                if lora:
+                    lora.add(projected, attended_flat, index, (("o_proj", 0, projected.shape[1]),))
+                hidden = hidden + projected
+                x = _rms_norm(hidden, blk.ln2, blk.eps)
+                gate_up = F.linear(x, blk.gate_up_w)
+                if lora:
+                    lora.add(gate_up, x, index, (("gate_proj", 0, intermediate), ("up_proj", intermediate,
+                                                                                   2 * intermediate)))
                 gate, up = gate_up.chunk(2, dim=-1)
-                hidden = hidden + F.linear(blk.act(gate) * up, blk.down_w)
+                x = blk.act(gate) * up
+                down = F.linear(x, blk.down_w)
+                if lora:
+                    lora.add(down, x, index, (("down_proj", 0, down.shape[1]),))
+                hidden = hidden + down
         last = torch.as_tensor([offsets[i + 1] - 1 for i in range(len(lengths))], device=dev)
         hidden = _rms_norm(hidden[last], self.norm.weight, self.norm.variance_epsilon)
         return F.linear(hidden, self.lm_head.weight).float()

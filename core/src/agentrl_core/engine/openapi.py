@@ -35,6 +35,7 @@ def engine_openapi(version: str) -> dict[str, Any]:
                 "sampling_params": ref("SamplingParams"),
                 "rid": {"type": "string"},
                 "return_logprob": {"type": "boolean"},
+                "lora_path": {"type": "string"},
                 "stream": {"type": "boolean"},
             },
         },
@@ -77,6 +78,9 @@ def engine_openapi(version: str) -> dict[str, Any]:
     empty = {"description": "Healthy (no body)."}
     info = json_content(OBJECT, "About the model and engine.")
     flushed = text_content("How many cached prefixes were dropped.")
+    adapters = json_content({"type": "object", "required": ["success", "loaded_adapters"], "properties": {
+        "success": {"type": "boolean"}, "error_message": {"type": "string", "nullable": True},
+        "loaded_adapters": OBJECT}}, "The adapters loaded now, by name (path as value).")
     memory = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}}}
     paths = {
         "/generate": {"post": operation(
@@ -116,6 +120,15 @@ def engine_openapi(version: str) -> dict[str, Any]:
             "Load weights from a safetensors checkpoint on this machine.", weights,
             body={"type": "object", "required": ["model_path"], "properties": {
                 "model_path": {"type": "string"}, "weight_version": {"type": "string"}}}, responses=refused)},
+        "/load_lora_adapter": {"post": operation(
+            "Serve a PEFT LoRA folder under lora_name (SGLang's route; /generate picks it with lora_path).",
+            adapters, body={"type": "object", "required": ["lora_name", "lora_path"], "properties": {
+                "lora_name": {"type": "string"}, "lora_path": {"type": "string"}}}, codes=(),
+            responses={"400": adapters, "409": adapters})},
+        "/unload_lora_adapter": {"post": operation(
+            "Stop serving an adapter (refused while a request uses it).", adapters,
+            body={"type": "object", "required": ["lora_name"], "properties": {"lora_name": {"type": "string"}}},
+            codes=(), responses={"400": adapters, "409": adapters})},
         "/release_memory_occupation": {"post": operation(
             "Free the KV cache (and offload the weights on a GPU) while paused; answers null.",
             json_content({"nullable": True}, "Released."), codes=(400, 409), body=memory, body_required=False)},

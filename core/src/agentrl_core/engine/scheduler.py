@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from attrs import define, field, frozen
 
+from agentrl_core.engine.lora import Adapter
 from agentrl_core.engine.model import EngineModel
 from agentrl_core.engine.sampling import SamplingParams, sample
 
@@ -99,6 +100,8 @@ class Request:
     stop_ids: frozenset[int] = frozenset()
     finished: bool = False
     retractions: int = 0
+    adapter: str | None = None  # the LoRA adapter asked for (``lora_path``): a name@vN, or a name (its newest)
+    lora: Adapter | None = None  # the adapter it runs with, fixed at its first admission
 
 
 @define
@@ -151,7 +154,9 @@ class Scheduler:
         # every forward reads one contiguous block of the cache (no gather); slots n.. hold
         # cached prefixes of finished requests (LRU) or nothing
         self.running: list[Request] = []
-        self.cached: collections.OrderedDict[int, tuple[int, ...]] = collections.OrderedDict()  # slot -> tokens
+        # slot -> (adapter name or None, *tokens): a prefix is reused only under the adapter that computed it
+        self.cached: collections.OrderedDict[int, tuple[Any, ...]] = collections.OrderedDict()
+        self.adapters: dict[str, Adapter] = {}  # served LoRA adapters by name (engine/lora.py)
         self.slot_len = [0] * self.max_running  # valid cache positions held by each slot
         # shared with other threads, guarded by _cond
         self._cond = threading.Condition()
@@ -271,6 +276,37 @@ class Scheduler:
             self.model.resume_kv_cache()
         self.released.difference_update(tags)
 
+    def load_adapter(self, adapter: Adapter) -> None:
+        """Serve ``adapter`` under its name (a name already loaded is refused: versions are immutable)."""
+        if adapter.name in self.adapters:
+            raise EngineConflict(f"an adapter named {adapter.name!r} is already loaded; load a new version under a "
+                                 "new name (name@vN) or unload it first")
+        self.adapters[adapter.name] = adapter
+        log.info("adapter %s loaded from %s (%.2f MiB)", adapter.name, adapter.path, adapter.nbytes / 2**20)
+
+    def unload_adapter(self, name: str) -> None:
+        """Stop serving ``name``; refused while a request runs with it or waits for it."""
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            raise KeyError(f"no adapter named {name!r} is loaded (loaded: {', '.join(sorted(self.adapters)) or 'none'})")
+        users = sum(1 for r in [*self.running, *self.waiting] if r.lora is adapter)
+        if users:
+            raise EngineConflict(f"adapter {name!r} is in use by {users} requests; unload it after they finish")
+        del self.adapters[name]
+        for slot, cached in list(self.cached.items()):
+            if cached[0] == name:
+                self.cached.pop(slot)
+                self.slot_len[slot] = 0
+        log.info("adapter %s unloaded", name)
+
+    def resolve_adapter(self, name: str) -> Adapter | None:
+        """The adapter named ``name``, or for a bare name (no ``@v``) the newest loaded ``name@vN``."""
+        if name in self.adapters:
+            return self.adapters[name]
+        versions = [a for a in self.adapters.values() if a.name.rpartition("@v")[0] == name
+                    and isinstance(a.version, int)]
+        return max(versions, key=lambda a: a.version) if versions else None
+
     def require_paused(self, what: str) -> None:
         if not self.paused:
             raise EngineConflict(f"{what} needs generation paused first: POST /pause_generation, update, then "
@@ -373,7 +409,8 @@ class Scheduler:
         if not rows:
             return
         t0 = time.perf_counter()
-        logits = self.model.extend([r.slot for r in rows], tokens, [r.fed for r in rows])
+        adapters = [r.lora for r in rows] if self.adapters else None
+        logits = self.model.extend([r.slot for r in rows], tokens, [r.fed for r in rows], adapters)
         self.stats.forward_seconds += time.perf_counter() - t0
         self.stats.forwards += 1
         self.stats.decode_steps += decoding
@@ -400,8 +437,16 @@ class Scheduler:
                     f"the prompt has {len(request.input_ids)} tokens; the engine takes 1 to "
                     f"{self.model.max_context - 1} (max_context {self.model.max_context})")})
                 continue
+            if request.adapter is not None and request.lora is None:
+                request.lora = self.resolve_adapter(request.adapter)
+                if request.lora is None:  # never silently on the base model
+                    self.waiting.popleft()
+                    self._finish(request, {"type": "abort", "status_code": 400, "message": (
+                        f"adapter {request.adapter!r} is not loaded on this engine (loaded: "
+                        f"{', '.join(sorted(self.adapters)) or 'none'}); the request was not run on the base model")})
+                    continue
             sequence = request.input_ids + request.output_ids if request.output_ids else request.input_ids
-            source, reuse = self._best_prefix(sequence)
+            source, reuse = self._best_prefix(sequence, request.lora.name if request.lora else None)
             self.waiting.popleft()
             request.slot = self._place(source)
             self.slot_len[request.slot] = reuse  # positions past the reused prefix are stale
@@ -412,7 +457,7 @@ class Scheduler:
                 self.stats.recomputed_tokens += len(sequence) - reuse
                 continue
             request.cached_tokens = reuse
-            request.version = self.weight_version
+            request.version = request.lora.version if request.lora else self.weight_version
             request.admitted = time.monotonic()
             request.stop_ids = frozenset(request.params.stop_token_ids) | (
                 frozenset() if request.params.ignore_eos else self.eos_token_ids)
@@ -423,12 +468,14 @@ class Scheduler:
             self.stats.cached_tokens += reuse
         return admitted
 
-    def _best_prefix(self, tokens: list[int]) -> tuple[int, int]:
-        """The cached slot sharing the longest prefix with ``tokens`` (or -1), and how much to reuse."""
+    def _best_prefix(self, tokens: list[int], adapter: str | None = None) -> tuple[int, int]:
+        """The cached slot sharing the longest prefix with ``tokens`` under ``adapter`` (or -1), and how
+        much to reuse."""
         best_slot, best = -1, 0
         if self.prefix_cache:
+            keyed = (adapter, *tokens)
             for slot, cached in self.cached.items():
-                n = _common_prefix(cached, tokens)
+                n = _common_prefix(cached, keyed) - 1  # the adapter leads: a different one matches nothing
                 if n > best:
                     best_slot, best = slot, n
         return best_slot, min(best, len(tokens) - 1)  # the last prompt token is always recomputed
@@ -471,7 +518,7 @@ class Scheduler:
         for request, token, logprob in zip(requests, tokens, logprobs, strict=True):
             request.output_ids.append(token)
             request.logprobs.append(logprob)
-            request.versions.append(self.weight_version)
+            request.versions.append(request.lora.version if request.lora else self.weight_version)
             self.stats.generated_tokens += 1
             reason = self._finish_reason(request, token)
             if reason is not None:
@@ -505,7 +552,7 @@ class Scheduler:
         self.running.pop()
         fed = _sequence_slice(request, 0, request.fed) if request.output_ids else None
         if fed and self.prefix_cache:
-            self.cached[last] = tuple(fed)
+            self.cached[last] = (request.lora.name if request.lora else None, *fed)
             self.slot_len[last] = len(fed)
         else:
             self.slot_len[last] = 0

@@ -15,6 +15,9 @@ Routes (the wire contract is documented in ``core/docs/engine.md``):
 ``POST /init_weights_update_group``  join the learner's group as rank ``rank_offset``
 ``POST /update_weights_from_distributed``  receive tensors by broadcast from rank 0 (paused)
 ``POST /update_weights_from_disk`` ``{model_path, weight_version}``
+``POST /load_lora_adapter``        ``{lora_name, lora_path}``: serve a PEFT LoRA folder (``/generate`` picks it
+                                   with ``lora_path``; :mod:`~agentrl_core.engine.lora`)
+``POST /unload_lora_adapter``      ``{lora_name}`` (refused while a request uses it)
 ``POST /v1/chat/completions``      OpenAI chat with tools (chat template + tool parser)
 ``GET /v1/models``
 =================================  =========================================================
@@ -170,6 +173,8 @@ class EngineServer:
             ("POST", "/destroy_weights_update_group", self.destroy_weights_update_group),
             ("POST", "/update_weights_from_distributed", self.update_weights_from_distributed),
             ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
+            ("POST", "/load_lora_adapter", self.load_lora_adapter),
+            ("POST", "/unload_lora_adapter", self.unload_lora_adapter),
         ]:
             app.route(method, path, handler)
         from agentrl_core.engine import openai_api
@@ -188,7 +193,8 @@ class EngineServer:
     async def _command(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.wrap_future(self.scheduler.call(fn))
 
-    async def complete(self, rid: str, input_ids: list[int], params: SamplingParams) -> Completion:
+    async def complete(self, rid: str, input_ids: list[int], params: SamplingParams,
+                       adapter: str | None = None) -> Completion:
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
 
@@ -196,7 +202,8 @@ class EngineServer:
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(completion))
 
         try:
-            self.scheduler.submit(EngineRequest(rid=rid, input_ids=input_ids, params=params, on_finish=deliver))
+            self.scheduler.submit(EngineRequest(rid=rid, input_ids=input_ids, params=params, on_finish=deliver,
+                                                adapter=adapter))
         except EngineConflict as exc:
             raise HTTPError(503, str(exc)) from None
         try:
@@ -242,7 +249,10 @@ class EngineServer:
         else:
             raise HTTPError(400, "send input_ids (a list of token ids) or text")
         rid = str(body.get("rid") or uuid.uuid4().hex)
-        completion = await self.complete(rid, input_ids, params)
+        adapter = body.get("lora_path")
+        if adapter is not None and not (isinstance(adapter, str) and adapter):
+            raise HTTPError(400, "lora_path must name one loaded adapter (POST /load_lora_adapter first)")
+        completion = await self.complete(rid, input_ids, params, adapter)
         reason = completion.finish_reason
         if reason.get("status_code"):
             raise HTTPError(int(reason["status_code"]), reason.get("message", "the request failed"))
@@ -288,6 +298,7 @@ class EngineServer:
             "eos_token_ids": self.eos_token_ids,
             "tool_call_parser": self.tool_parser_name,
             "paused": self.scheduler.paused,
+            "lora_adapters": sorted(self.scheduler.adapters),
             # pause modes /pause_generation takes; "retract" answers report per-token versions
             # (meta_info.weight_versions), which is what lets a weight sync keep in-flight work
             "pause_modes": list(PAUSE_MODES),
@@ -377,6 +388,42 @@ class EngineServer:
         tags = _memory_tags(request)
         await self._command(lambda: self.scheduler.resume_memory(tags))
         return None
+
+    # ------------------------------------------------------------------------------
+    # LoRA adapters (SGLang's routes and answers)
+
+    def _adapter_response(self, success: bool, message: str | None, status: int = 200) -> Response:
+        loaded = {name: adapter.path for name, adapter in self.scheduler.adapters.items()}
+        return json_response({"success": success, "error_message": message, "loaded_adapters": loaded}, status)
+
+    async def load_lora_adapter(self, request: Request) -> Response:
+        from agentrl_core.engine.lora import load_adapter
+
+        body = request.json_object()
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not (isinstance(name, str) and name and isinstance(path, str) and path):
+            return self._adapter_response(False, "load_lora_adapter needs lora_name and lora_path", 400)
+        try:
+            adapter = await asyncio.to_thread(load_adapter, name, path, model=self.model)
+            await self._command(lambda: self.scheduler.load_adapter(adapter))
+        except EngineConflict as exc:
+            return self._adapter_response(False, str(exc), 409)
+        except ValueError as exc:
+            return self._adapter_response(False, f"Failed to load LoRA adapter {name!r}: {exc}", 400)
+        return self._adapter_response(True, None)
+
+    async def unload_lora_adapter(self, request: Request) -> Response:
+        body = request.json_object()
+        name = body.get("lora_name")
+        if not (isinstance(name, str) and name):
+            return self._adapter_response(False, "unload_lora_adapter needs lora_name", 400)
+        try:
+            await self._command(lambda: self.scheduler.unload_adapter(name))
+        except EngineConflict as exc:
+            return self._adapter_response(False, str(exc), 409)
+        except KeyError as exc:
+            return self._adapter_response(False, str(exc.args[0]), 400)
+        return self._adapter_response(True, None)
 
     # ------------------------------------------------------------------------------
     # Weight updates

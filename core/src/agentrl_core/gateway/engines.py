@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 from agentrl_core.gateway.protocol import OpenAIError
 from agentrl_core.http.client import ConnectFailed, Pool, RequestTimeout, TransportError
@@ -67,22 +67,25 @@ class LeanEngineClient(EngineClient):
         await super().aclose()
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None, *,
-                       return_logprob: bool = True, rid: str | None = None, pool: str = "") -> GenerateResult:
+                       return_logprob: bool = True, rid: str | None = None, pool: str = "",
+                       lora: str | None = None) -> GenerateResult:
         params = dict(sampling_params or {})
         if "seed" in params:
             params["sampling_seed"] = params.pop("seed")
         rid = rid or uuid.uuid4().hex
-        payload = {"input_ids": [int(t) for t in input_ids], "sampling_params": params,
-                   "return_logprob": return_logprob, "rid": rid}
+        payload: dict[str, Any] = {"input_ids": [int(t) for t in input_ids], "sampling_params": params,
+                                   "return_logprob": return_logprob, "rid": rid}
+        requested = lora or self.lora
+        exact: int | str | None = None
+        if requested:  # model.lora: the served adapter, named as EngineClient.generate names it
+            payload["lora_path"], exact = await self._adapter_name(requested)
         deadline = self.timeout if self.timeout is not None else DEFAULT_TIMEOUT
         start = time.monotonic()
-        try:
-            response = await asyncio.wait_for(self._send(payload, deadline), deadline)
-        except (asyncio.CancelledError, asyncio.TimeoutError, RequestTimeout) as exc:
-            await asyncio.shield(self._abort(rid))
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            raise EngineTimeout(f"POST {self.url}/generate did not finish within {deadline:g} s", url=self.url) from None
+        response = await self._generate_once(payload, rid, deadline)
+        if (response.status == 400 and exact is not None and "@v" not in str(requested)
+                and "not loaded" in response.detail()):  # the version it resolved was unloaded since
+            payload["lora_path"], exact = await self._adapter_name(str(requested), refresh=True)
+            response = await self._generate_once(payload, rid, deadline)
         if response.status != 200:
             raise EngineError(f"POST {self.url}/generate answered {response.status}: {response.detail()}",
                               url=self.url, status=response.status)
@@ -91,10 +94,22 @@ class LeanEngineClient(EngineClient):
         except ValueError:
             raise EngineError(f"POST {self.url}/generate answered non-JSON", url=self.url) from None
         result = GenerateResult.from_response(data, engine=self.url, pool=pool, latency=time.monotonic() - start)
+        if exact is not None:  # every token is the version of the adapter it ran with (EngineClient.generate)
+            self._learn_version(result.weight_version)
+            result = evolve(result, weight_version=exact, versions=[exact] * len(result.output_ids))
         if return_logprob and len(result.logprobs) != len(result.output_ids):
             raise EngineError(f"{self.url}: {len(result.output_ids)} tokens came back with "
                               f"{len(result.logprobs)} log-probs", url=self.url)
         return result
+
+    async def _generate_once(self, payload: dict[str, Any], rid: str, deadline: float) -> Any:
+        try:
+            return await asyncio.wait_for(self._send(payload, deadline), deadline)
+        except (asyncio.CancelledError, asyncio.TimeoutError, RequestTimeout) as exc:
+            await asyncio.shield(self._abort(rid))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise EngineTimeout(f"POST {self.url}/generate did not finish within {deadline:g} s", url=self.url) from None
 
     async def _send(self, payload: dict[str, Any], deadline: float) -> Any:
         attempt = 0
@@ -144,8 +159,9 @@ class Generated:
 class EngineRouter:
     def __init__(self, pools: Mapping[str, Sequence[str]], *, sampler: Any = None, seed: int = 0,
                  on_weight_update: str = "hold", retry_after_s: float = 2.0, max_abort_retries: int = 100,
-                 request_timeout: float | None = None, token: str | None = None) -> None:
+                 request_timeout: float | None = None, token: str | None = None, lora: str | None = None) -> None:
         self.sampler = sampler or CurrentSampler()
+        self.lora = lora  # model.lora: the served adapter every generate names (engine_client.LORA_SERVED_NAME)
         self.token = token  # the engines' token (None: the process's AGENTRL_TOKEN)
         self.seed = seed
         self.on_weight_update = on_weight_update
@@ -173,7 +189,8 @@ class EngineRouter:
             if pool is not None and pool.urls == [u.rstrip("/") for u in urls]:
                 self.pools[name] = pool
             else:
-                self.pools[name] = LeanEnginePool(name, list(urls), timeout=self.request_timeout, token=self.token)
+                self.pools[name] = LeanEnginePool(name, list(urls), timeout=self.request_timeout, token=self.token,
+                                                  lora=self.lora)
         self._retired = [p for name, p in old.items() if self.pools.get(name) is not p]
 
     async def aclose(self) -> None:

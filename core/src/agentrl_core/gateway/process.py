@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl_core.gateway.server import GatewayServer
+from agentrl_core.rollout.engine_client import LORA_SERVED_NAME
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def build_gateway(config: Any, pools: Mapping[str, Sequence[str]], *, registry: 
         tool_parser=registry.build(ToolParserSpec, g.tool_parser or config.model.tool_parser),
         reasoning_parser=registry.build(ReasoningParserSpec, g.reasoning_parser) if g.reasoning_parser else None,
         sampler=sampler, seed=config.run.seed, request_timeout=config.engine.request_timeout, token=token,
+        lora=LORA_SERVED_NAME if config.model.lora.enabled else None,
     )
 
 

@@ -64,7 +64,7 @@ class GatewayServer:
     def __init__(self, *, tokenizer: Any, pools: Mapping[str, Sequence[str]], config: Any, rollout: Any,
                  model_path: str = "", tool_parser: Any, reasoning_parser: Any = None, chat_template: Any = None,
                  sampler: Any = None, seed: int = 0, request_timeout: float | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, lora: str | None = None) -> None:
         self.config = config
         self.token = token or None
         self.rollout = rollout
@@ -75,7 +75,7 @@ class GatewayServer:
         self.reasoning_parser = reasoning_parser
         self.router = EngineRouter(pools, sampler=sampler, seed=seed, on_weight_update=config.on_weight_update,
                                    retry_after_s=config.retry_after_s, max_abort_retries=config.max_abort_retries,
-                                   request_timeout=request_timeout, token=self.token)
+                                   request_timeout=request_timeout, token=self.token, lora=lora)
         self.sessions = SessionStore(idle_timeout=config.idle_timeout, max_duration=config.max_duration,
                                      finished_ttl=config.finished_ttl, replay_window=config.replay_window,
                                      on_end=self._export if config.export else None)

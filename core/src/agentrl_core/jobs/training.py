@@ -102,6 +102,14 @@ class Trainer:
                 f"rollout.staleness_bound={bound} is below {minimum} = stale_step + 2, the lag the "
                 f"{c.sampler.name!r} sampler's stale pool needs by design; raise it or unset it"
             )
+        if c.model.lora.enabled and c.engine.driver == "sglang":
+            from agentrl_core.train.adapter_sync import adapter_versions_kept
+
+            kept = adapter_versions_kept(bound)
+            if kept > c.engine.sglang.max_loras:  # SGLang refuses a load with --max-loaded-loras (max_loras + 1) registered
+                raise ConfigError(f"engine.sglang.max_loras={c.engine.sglang.max_loras} is too small for model.lora: the "
+                                  f"learner keeps {kept} adapter versions loaded (rollout.staleness_bound + 1, at least "
+                                  f"2), and SGLang loads a new one only below max_loras + 1 registered; set engine.sglang.max_loras to {kept} or more")
 
     def build_sampler(self) -> Any:
         c = self.config
@@ -224,7 +232,7 @@ class Trainer:
     async def _main(self, url: str, pools: Any, sampler: Any) -> dict[str, Any]:
         from agentrl_core.controlplane.client import ControllerClient
         from agentrl_core.rollout.agent_loop import LoopSettings
-        from agentrl_core.rollout.engine_client import EnginePool
+        from agentrl_core.rollout.engine_client import LORA_SERVED_NAME, EnginePool
         from agentrl_core.rollout.tokenizer import load_tokenizer
         from agentrl_core.train.advantages import build_advantage_fns
         from agentrl_core.train.task_stream import StreamTask, TaskStream
@@ -239,8 +247,10 @@ class Trainer:
                             what="forming the weight-update groups")
         async with ControllerClient(url) as client:
             self.client = client
+            # model.lora: every request runs with the served adapter, the newest policy@vN at its admission
+            lora = LORA_SERVED_NAME if c.model.lora.enabled else None
             self.engine_pools = {name: EnginePool(name, urls, timeout=c.engine.request_timeout,
-                                                  health_timeout=c.engine.health_timeout)
+                                                  health_timeout=c.engine.health_timeout, lora=lora)
                                  for name, urls in pools.urls.items()}
             self.engine_memory = self._engine_memory()
             self.watchdog = EngineWatchdog(self.engine_pools, restart=self._restart_engine,
@@ -304,7 +314,8 @@ class Trainer:
         names = getattr(self, "release_pools", [])
         if not names:
             return None
-        return EngineMemory({n: self.engine_pools[n] for n in names}, partial_rollouts=self.config.rollout.partial_rollouts)
+        return EngineMemory({n: self.engine_pools[n] for n in names}, partial_rollouts=self.config.rollout.partial_rollouts,
+                            adapters=self.config.model.lora.enabled)
 
     def _build_rollout(self, agent_loop: Any) -> None:
         """The buffer and the rollout manager that fills it (``self.stream`` is set)."""

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
+import attrs
 import httpx
 from attrs import field, frozen
 
@@ -45,6 +46,11 @@ DEFAULT_TIMEOUT = 900.0  # seconds one engine call may take in all (a long gener
 # a client that gives up earlier calls a busy or paused engine dead
 DEFAULT_HEALTH_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 10.0
+
+
+# model.lora: the name the engines serve the trained adapter under, one version at a time as
+# policy@v<N>; a request naming the bare name runs with the newest version its engine holds
+LORA_SERVED_NAME = "policy"
 
 
 class EngineError(AgentrlError):
@@ -234,8 +240,17 @@ class EngineClient:
 
     def __init__(self, url: str, *, http: httpx.AsyncClient | None = None, connect_retries: int = 3,
                  retry_backoff: float = 0.5, timeout: float | None = None,
-                 health_timeout: float = DEFAULT_HEALTH_TIMEOUT, token: str | None = None) -> None:
+                 health_timeout: float = DEFAULT_HEALTH_TIMEOUT, token: str | None = None,
+                 lora: str | None = None) -> None:
         self.url = url.rstrip("/")
+        # model.lora: every generate names the served adapter (the engine resolves a bare name to
+        # its newest version at admission, and refuses the request when none is loaded)
+        self.lora = lora
+        # engines that take exact adapter names only (SGLang: no lora_adapters in /get_model_info) get
+        # <lora>@v<the server's weight version>, which the learner points at the newest adapter
+        self._lora_exact: bool | None = None
+        self._lora_version: int | str | None = None
+        self._lora_checked = 0.0
         self._own_http = http is None
         self.http = http or make_http_client(token=token)
         self.connect_retries = connect_retries
@@ -318,16 +333,31 @@ class EngineClient:
     # Generation
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None, *,
-                       return_logprob: bool = True, rid: str | None = None, pool: str = "") -> GenerateResult:
+                       return_logprob: bool = True, rid: str | None = None, pool: str = "",
+                       lora: str | None = None) -> GenerateResult:
+        """One completion. ``lora`` (default: the client's ``lora``): the served adapter to run with."""
         params = dict(sampling_params or {})
         if "seed" in params:  # SGLang's name; a plain "seed" would be ignored there
             params["sampling_seed"] = params.pop("seed")
         rid = rid or uuid.uuid4().hex
-        payload = {"input_ids": [int(t) for t in input_ids], "sampling_params": params,
-                   "return_logprob": return_logprob, "rid": rid}
+        payload: dict[str, Any] = {"input_ids": [int(t) for t in input_ids], "sampling_params": params,
+                                   "return_logprob": return_logprob, "rid": rid}
+        requested = lora or self.lora
+        exact: int | str | None = None
+        if requested:
+            lora, exact = await self._adapter_name(requested)
+            payload["lora_path"] = lora
         start = time.monotonic()
         try:
-            data = await self._json("POST", "/generate", payload)
+            try:
+                data = await self._json("POST", "/generate", payload)
+            except EngineError as exc:
+                if exact is None or "@v" in str(requested) or exc.status != 400 or "not loaded" not in str(exc):
+                    raise
+                # the version it resolved was unloaded since: ask the engine for its newest and try once more
+                lora, exact = await self._adapter_name(str(requested), refresh=True)
+                payload["lora_path"] = lora
+                data = await self._json("POST", "/generate", payload)
         except (anyio.get_cancelled_exc_class(), EngineTimeout):
             # the caller gave up (its trajectory was cancelled) or the deadline passed: free the slot too
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -337,10 +367,39 @@ class EngineClient:
                     log.debug("aborting %s on %s failed: %s", rid, self.url, exc)
             raise
         result = GenerateResult.from_response(data, engine=self.url, pool=pool, latency=time.monotonic() - start)
+        if exact is not None:
+            # SGLang reports the server's version when it answers; the base never changes under an adapter,
+            # so every token is the version of the adapter the request ran with
+            self._learn_version(result.weight_version)
+            result = attrs.evolve(result, weight_version=exact, versions=[exact] * len(result.output_ids))
         if return_logprob and len(result.logprobs) != len(result.output_ids):
             raise EngineError(f"{self.url}: {len(result.output_ids)} tokens came back with "
                               f"{len(result.logprobs)} log-probs", url=self.url)
         return result
+
+    async def _adapter_name(self, lora: str, refresh: bool = False) -> tuple[str, int | str | None]:
+        """``(lora_path, version)``: a bare name for engines that resolve it (version None), else
+        ``<lora>@v<N>`` with ``N`` the engine's weight version, read at most once a second."""
+        if "@v" in lora:
+            return lora, normalize_version(lora.rpartition("@v")[2])
+        now = time.monotonic()
+        if self._lora_exact is None or (self._lora_exact and (refresh or now - self._lora_checked > 1.0)):
+            info = await self.model_info()
+            self._lora_exact = "lora_adapters" not in info
+            self._lora_version = normalize_version(info.get("weight_version"))
+            self._lora_checked = now
+        if not self._lora_exact:
+            return lora, None
+        return f"{lora}@v{self._lora_version}", self._lora_version
+
+    def _learn_version(self, version: int | str) -> None:
+        if isinstance(version, int) and (not isinstance(self._lora_version, int) or version > self._lora_version):
+            self._lora_version = version
+
+    async def update_weight_version(self, new_version: Any) -> dict[str, Any]:
+        """SGLang's route: label the server's weights ``new_version`` without aborting anything."""
+        return await self._json("POST", "/update_weight_version", {"new_version": str(new_version),
+                                                                   "abort_all_requests": False})
 
     async def chat_completions(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         return await self._json("POST", "/v1/chat/completions", dict(payload))
@@ -466,6 +525,14 @@ class EngineClient:
             payload["weight_version"] = str(weight_version)
         return await self._admin("/update_weights_from_distributed", payload)
 
+    async def load_lora_adapter(self, lora_name: str, lora_path: str) -> dict[str, Any]:
+        """Serve the PEFT adapter folder ``lora_path`` as ``lora_name`` (SGLang's route)."""
+        return await self._admin("/load_lora_adapter", {"lora_name": lora_name, "lora_path": str(lora_path)})
+
+    async def unload_lora_adapter(self, lora_name: str) -> dict[str, Any]:
+        """Stop serving ``lora_name``; an engine that refuses (409: in use) raises :class:`EngineError`."""
+        return await self._admin("/unload_lora_adapter", {"lora_name": lora_name})
+
     async def update_weights_from_disk(self, model_path: str, weight_version: Any = None) -> dict[str, Any]:
         payload: dict[str, Any] = {"model_path": str(model_path)}
         if weight_version is not None:
@@ -497,13 +564,14 @@ class EnginePool:
     def __init__(self, name: str, urls: Sequence[str], *, http: httpx.AsyncClient | None = None,
                  connect_retries: int = 3, down_seconds: float = 10.0, max_sticky_keys: int = 100_000,
                  timeout: float | None = None, health_timeout: float = DEFAULT_HEALTH_TIMEOUT,
-                 token: str | None = None) -> None:
+                 token: str | None = None, lora: str | None = None) -> None:
         if not urls:
             raise ValueError(f"engine pool {name!r} needs at least one engine URL")
         self.name = name
         self._own_http = http is None
         self.http = http or make_http_client(token=token)
-        self._client_options = {"connect_retries": connect_retries, "timeout": timeout, "health_timeout": health_timeout}
+        self._client_options = {"connect_retries": connect_retries, "timeout": timeout, "health_timeout": health_timeout,
+                                "lora": lora}
         self.engines = {url.rstrip("/"): self.client_class(url, http=self.http, **self._client_options) for url in urls}
         self.urls = list(self.engines)
         self.in_flight: dict[str, int] = dict.fromkeys(self.urls, 0)
@@ -634,6 +702,14 @@ class EnginePool:
 
     async def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> dict[str, Any]:
         return await self._each("resume_memory_occupation", tags)
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str) -> dict[str, Any]:
+        """Serve the PEFT adapter folder ``lora_path`` as ``lora_name`` (SGLang's route)."""
+        return await self._admin("/load_lora_adapter", {"lora_name": lora_name, "lora_path": str(lora_path)})
+
+    async def unload_lora_adapter(self, lora_name: str) -> dict[str, Any]:
+        """Stop serving ``lora_name``; an engine that refuses (409: in use) raises :class:`EngineError`."""
+        return await self._admin("/unload_lora_adapter", {"lora_name": lora_name})
 
     async def update_weights_from_disk(self, model_path: str, weight_version: Any = None) -> dict[str, Any]:
         return await self._each("update_weights_from_disk", model_path, weight_version)

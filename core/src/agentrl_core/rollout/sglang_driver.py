@@ -22,7 +22,15 @@ Command line (argument names checked against SGLang 0.5.x ``server_args`` and it
     python -m sglang.launch_server --model-path PATH --host 127.0.0.1 --port P --tp-size N
         --weight-version 0 --served-model-name POOL-I --random-seed S --skip-server-warmup
         [--dtype D] [--mem-fraction-static F] [--context-length C] [--tool-call-parser qwen25]
-        [--chat-template FILE] [--trust-remote-code] [--enable-memory-saver] [--api-key TOKEN] [extra_args...]
+        [--chat-template FILE] [--trust-remote-code] [--enable-memory-saver]
+        [--enable-lora --max-lora-rank R --lora-target-modules M... --max-loras-per-batch K
+         --max-loaded-loras K+1] [--api-key TOKEN] [extra_args...]
+
+``--enable-lora`` and its sizes come with ``model.lora`` (``engine.sglang.max_loras``): the
+learner then loads each synced adapter as ``policy@vN`` with ``/load_lora_adapter`` and
+points the server's weight version at it (``/update_weight_version``); SGLang takes exact
+adapter names only, so the client names ``policy@v<the server's version>``
+(:class:`~agentrl_core.rollout.engine_client.EngineClient`).
 
 ``--enable-memory-saver`` is added when the engines share a GPU with the learner and release
 their memory while it trains (``engine.release_memory``; ``/release_memory_occupation`` frees
@@ -79,6 +87,7 @@ class SGLangDriver:
         self.trust_remote_code = bool(trust_remote_code if trust_remote_code is not None
                                       else model is not None and model.trust_remote_code)
         self.chat_template = chat_template or (model.chat_template if model is not None else None)
+        self.lora = model.lora if model is not None and model.lora.enabled else None
         self.seed = seed
         self.procs = ManagedProcesses(log_dir)
         self.urls: dict[str, list[str]] = {}
@@ -118,6 +127,11 @@ class SGLangDriver:
             cmd += ["--trust-remote-code"]
         if self.release_memory:
             cmd += ["--enable-memory-saver"]
+        if self.lora is not None:  # served adapters, loaded at run time (/load_lora_adapter, core/docs/lora.md)
+            modules = list(self.lora.target_modules)
+            cmd += ["--enable-lora", "--max-lora-rank", str(self.lora.rank), "--lora-target-modules",
+                    *(["all"] if modules == ["all-linear"] else modules),
+                    "--max-loras-per-batch", str(opts.max_loras), "--max-loaded-loras", str(opts.max_loras + 1)]
         token = env_token()
         if token is not None:  # the run's token (agentrl_core.http.auth): SGLang checks it as its API key
             cmd += ["--api-key", token]

@@ -14,6 +14,11 @@ step :class:`EngineMemory` does, for every pool that shares a device (``engine.r
    paused: the weight sync that follows (pause, all buckets, continue) continues the pools
    it updates, and :meth:`EngineMemory.continue_unsynced` the others.
 
+With ``model.lora`` (``adapters=True``) the weights are never released: the adapter sync
+loads adapters and never writes the base weights (SGLang's released weights would keep no
+values), and it does not pause, so every resumed pool is continued by
+:meth:`EngineMemory.continue_unsynced`.
+
 SGLang (0.5.x) requires this order: its scheduler asserts that no request runs when memory
 is released, and a request that reached a released engine would touch freed memory; a
 paused engine holds new requests back, so they wait instead. The request bodies are
@@ -35,17 +40,19 @@ log = logging.getLogger(__name__)
 __all__ = ["EngineMemory", "release_tags"]
 
 
-def release_tags(pool: str, due: Sequence[str]) -> list[str]:
-    """What a pool gives up during a learner step: its KV cache, and its weights when a sync refills them."""
-    return ["kv_cache", "weights"] if pool in due else ["kv_cache"]
+def release_tags(pool: str, due: Sequence[str], adapters: bool = False) -> list[str]:
+    """What a pool gives up during a learner step: its KV cache, and its weights when a sync refills
+    them (never under ``model.lora``: an adapter sync leaves the base weights as they are)."""
+    return ["kv_cache", "weights"] if pool in due and not adapters else ["kv_cache"]
 
 
 class EngineMemory:
     """Release and resume the memory of the engines of ``pools`` (pool name -> ``EnginePool``)."""
 
-    def __init__(self, pools: Mapping[str, Any], *, partial_rollouts: bool = False) -> None:
+    def __init__(self, pools: Mapping[str, Any], *, partial_rollouts: bool = False, adapters: bool = False) -> None:
         self.pools = dict(pools)
         self.partial_rollouts = partial_rollouts
+        self.adapters = adapters  # model.lora: syncs load adapters, without pausing or writing the weights
         self.released: dict[str, list[str]] = {}
         self._modes: dict[str, str] = {}
         self._resumed: list[str] = []
@@ -63,7 +70,7 @@ class EngineMemory:
         """
         start = time.monotonic()
         for name, pool in self.pools.items():
-            tags = release_tags(name, due)
+            tags = release_tags(name, due, self.adapters)
             await pool.pause_generation(await self._mode(name))
             await pool.release_memory_occupation(tags)
             self.released[name] = tags
@@ -81,8 +88,8 @@ class EngineMemory:
         return {"time/engine_resume_s": time.monotonic() - start}
 
     async def continue_unsynced(self, synced: Sequence[str]) -> None:
-        """Continue the resumed pools that no weight sync continued."""
+        """Continue the resumed pools that no weight sync continued (every one after adapter syncs)."""
         for name in self._resumed:
-            if name not in synced:
+            if name not in synced or self.adapters:
                 await self.pools[name].continue_generation()
         self._resumed = []

@@ -432,6 +432,14 @@ class Learner:
             return merged_full_tensors(self.model, dtype)
         return named_full_tensors(self.model, dtype)
 
+    def full_weight_bytes(self, dtype: torch.dtype | None = None) -> int:
+        """The bytes of a full-weight sync in ``dtype`` (the base model's parameters, adapters merged)."""
+        total = 0
+        for name, param in self.model.named_parameters():
+            if ".lora_" not in name:
+                total += param.numel() * torch.empty((), dtype=dtype or param.dtype).element_size()
+        return total
+
     def adapter_tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """The LoRA adapter's tensors under PEFT's saved names (every rank must iterate)."""
         if self.lora is None:

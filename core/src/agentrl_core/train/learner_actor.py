@@ -12,7 +12,9 @@ one) it can be used directly.
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl_core.config import Config
@@ -45,6 +47,8 @@ class LearnerService:
                                trust_remote_code=config.model.trust_remote_code,
                                keep_token_logprobs=config.logging.trajectory_store, lora=config.model.lora)
         self.transports: dict[str, Any] = {}
+        self._adapter_root: str | None = None  # model.lora: where synced adapters are written
+        self._own_adapter_root = False
 
     def default_address(self) -> str:
         """Where engines reach this rank when ``connect`` is not told (the Ray actor: its node's address)."""
@@ -73,14 +77,39 @@ class LearnerService:
                     old.close()
                 except Exception as exc:  # its engine is gone; the group is replaced anyway
                     log.warning("closing the old weight-sync transport of %s: %s", pool, exc)
-            transport = self.registry.build(WeightSyncTransportSpec, ws.transport, None, weight_sync=ws,
-                                            model_dir=self.model_path, dtype=dtype,
-                                            ranks_per_engine=(ranks_per_engine or {}).get(pool, 1),
-                                            shared_device=bool((shared_device or {}).get(pool, False)),
-                                            pool=f"pool {pool!r}",
-                                            partial_rollouts=self.config.rollout.partial_rollouts)
+            if self.learner.lora is not None:
+                transport = self._adapter_transport(dtype)
+            else:
+                transport = self.registry.build(WeightSyncTransportSpec, ws.transport, None, weight_sync=ws,
+                                                model_dir=self.model_path, dtype=dtype,
+                                                ranks_per_engine=(ranks_per_engine or {}).get(pool, 1),
+                                                shared_device=bool((shared_device or {}).get(pool, False)),
+                                                pool=f"pool {pool!r}",
+                                                partial_rollouts=self.config.rollout.partial_rollouts)
             transport.connect(address or self.default_address(), urls)
             self.transports[pool] = transport
+
+    def _adapter_transport(self, dtype: Any) -> Any:
+        """``model.lora``: only the adapter travels, as a PEFT folder the engines load by version
+        (:mod:`agentrl_core.train.adapter_sync`), under ``weight_sync.disk_path/adapters`` or a
+        folder of this machine's temporary directory (engines on other machines need disk_path)."""
+        import tempfile
+
+        from agentrl_core.train.adapter_sync import AdapterTransport, adapter_versions_kept
+
+        ws = self.config.weight_sync
+        if self._adapter_root is None:
+            if ws.disk_path:
+                self._adapter_root = str(Path(ws.disk_path) / "adapters")
+            else:
+                self._adapter_root = tempfile.mkdtemp(prefix="agentrl-adapters-")
+                self._own_adapter_root = True
+            log.info("model.lora: weight syncs send the adapter alone, through %s (weight_sync.transport %s is "
+                     "not used)", self._adapter_root, ws.transport)
+        return AdapterTransport(root=self._adapter_root, lora=self.learner.lora, model_dir=self.model_path,
+                                keep=adapter_versions_kept(self.config.rollout.staleness_bound),
+                                full_bytes=self.learner.full_weight_bytes(dtype), dtype=dtype,
+                                timeout_s=ws.timeout_s)
 
     def train_step(self, samples: list[Any]) -> dict[str, float]:
         return self.learner.train_step(samples)
@@ -92,7 +121,8 @@ class LearnerService:
     def sync(self, pools: list[str], version: int) -> dict[str, float]:
         from agentrl_core.train.weight_sync import push_weights
 
-        return push_weights(self.learner.named_full_tensors, self.transports, pools, version, rank=self.rank)
+        tensors = self.learner.adapter_tensors if self.learner.lora is not None else self.learner.named_full_tensors
+        return push_weights(tensors, self.transports, pools, version, rank=self.rank)
 
     def save_checkpoint(self, root: str, trainer_state: dict[str, Any], keep: int, hf_model: bool) -> str:
         from agentrl_core.train.checkpoint import save_checkpoint
@@ -117,6 +147,8 @@ class LearnerService:
             except Exception as exc:  # closing is best effort; the process exits next
                 log.warning("closing a weight-sync transport failed: %s", exc)
         self.learner.close()
+        if self._own_adapter_root and self._adapter_root:
+            shutil.rmtree(self._adapter_root, ignore_errors=True)
         import torch.distributed as dist
 
         if dist.is_initialized():

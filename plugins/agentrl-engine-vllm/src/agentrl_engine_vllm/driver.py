@@ -43,6 +43,18 @@ def require_vllm(python: str) -> None:
         raise EngineLaunchError(MISSING_VLLM.format(python=python))
 
 
+# vLLM's --max-lora-rank takes one of these (vllm/config/lora.py, MaxLoRARanks)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts that holds an adapter of ``rank``."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise EngineLaunchError(f"model.lora.rank {rank} is above vLLM's largest LoRA rank ({VLLM_LORA_RANKS[-1]})")
+
+
 class VLLMDriver:
     """Launches and stops vLLM engines; everything else goes through the common client."""
 
@@ -79,6 +91,9 @@ class VLLMDriver:
             options["extra_args"] = ["--trust-remote-code", *options["extra_args"]]
         if self.release_memory:
             options["extra_args"] = ["--enable-sleep-mode", *options["extra_args"]]
+        lora = getattr(self.model, "lora", None)
+        if lora is not None and lora.enabled:  # served adapters: serve.py turns on vLLM's LoRA
+            options["lora"] = {"max_loras": self.options.max_loras, "max_lora_rank": vllm_lora_rank(lora.rank)}
         return options
 
     def command(self, model_path: str, slot: dict[str, Any], port_file: Path, name: str,

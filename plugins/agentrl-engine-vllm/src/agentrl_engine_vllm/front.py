@@ -28,6 +28,12 @@ agentrl route                               vLLM (server started with VLLM_SERVE
 vLLM's weight-transfer routes               passed through unchanged (the ``vllm_nccl``
 (``/init_weight_transfer_engine``, ...)     transport drives them on GPU)
 ``/v1/chat/completions``, ``/v1/models``    passed through
+``POST /load_lora_adapter``                 ``POST /v1/load_lora_adapter`` (vLLM started with
+                                            ``--enable-lora`` and runtime LoRA updating)
+``POST /unload_lora_adapter``               ``POST /v1/unload_lora_adapter``, refused (409) while
+                                            a request runs with the adapter
+``/generate`` with ``lora_path``            the token route with ``model: <adapter>`` (vLLM's
+                                            LoRARequest); the tokens carry the adapter's version
 ==========================================  ===============================================
 
 ``/init_weights_update_group`` (the ``collective`` transport) is refused with the transport
@@ -50,7 +56,7 @@ import httpx
 
 from agentrl_core.http.auth import authorization_header, env_token
 from agentrl_core.http.server import App, HTTPError, Request, Response, json_response
-from agentrl_engine_vllm.wire import WireError, sglang_answer, version_value, vllm_sampling_params
+from agentrl_engine_vllm.wire import WireError, adapter_version, sglang_answer, version_value, vllm_sampling_params
 
 if TYPE_CHECKING:
     from agentrl_engine_vllm.serve import VLLMChild
@@ -104,6 +110,9 @@ class Front:
         self.partial_update: str | None = None  # why continuing is refused (a failed or unverified update)
         self.update_lock = asyncio.Lock()
         self.in_flight: set[str] = set()
+        # model.lora: adapters loaded by name (policy@vN -> folder), and the requests running with each
+        self.adapters: dict[str, str] = {}
+        self.adapter_users: dict[str, int] = {}
         self.requests = self.aborted = 0
         self.started = time.monotonic()
         self.busy_seconds = 0.0
@@ -128,6 +137,8 @@ class Front:
             ("GET", "/weight_digests", self.weight_digests),
             ("POST", "/release_memory_occupation", self.release_memory),
             ("POST", "/resume_memory_occupation", self.resume_memory),
+            ("POST", "/load_lora_adapter", self.load_lora_adapter),
+            ("POST", "/unload_lora_adapter", self.unload_lora_adapter),
             ("POST", "/init_weights_update_group", self.not_collective),
             ("POST", "/update_weights_from_distributed", self.not_collective),
             ("POST", "/destroy_weights_update_group", self.not_collective),
@@ -187,13 +198,19 @@ class Front:
             raise HTTPError(400, str(exc)) from None
         rid = str(body.get("rid") or uuid.uuid4().hex)
         skip_special = params["skip_special_tokens"]
+        payload: dict[str, Any] = {"request_id": rid, "token_ids": ids, "sampling_params": params}
+        adapter = self._adapter_for(body.get("lora_path"))
+        if adapter is not None:  # vLLM's LoRARequest of that name; the front keeps it loaded until the end
+            payload["model"] = adapter
+            self.adapter_users[adapter] = self.adapter_users.get(adapter, 0) + 1
         self._enter(rid)
         start = time.monotonic()
         try:
-            response = await self._vllm("POST", "/inference/v1/generate",
-                                        {"request_id": rid, "token_ids": ids, "sampling_params": params})
+            response = await self._vllm("POST", "/inference/v1/generate", payload)
         finally:
             self._leave(rid)
+            if adapter is not None:
+                self.adapter_users[adapter] -= 1
         if response.status_code != 200:
             raise HTTPError(400 if response.status_code < 500 else 500,
                             f"vLLM refused the request ({response.status_code}): {_detail(response)}")
@@ -203,11 +220,74 @@ class Front:
             choice, rid=rid, prompt_tokens=int((data.get("usage") or {}).get("prompt_tokens") or len(ids)),
             decode=lambda out: self.tokenizer.decode(out, skip_special_tokens=skip_special),
             no_stop_trim=bool(raw_params.get("no_stop_trim", False)), latency=time.monotonic() - start)
+        if adapter is not None:  # the base never changes under an adapter: every token is the adapter's version
+            version = adapter_version(adapter)
+            answer["meta_info"]["weight_version"] = version
+            answer["meta_info"]["weight_versions"] = [{"version": version, "start": 0,
+                                                       "end": len(answer["output_ids"])}]
         if answer["meta_info"]["weight_version"] is None:  # no token, no span: the version it waited under
             answer["meta_info"]["weight_version"] = self.weight_version
         if answer["meta_info"]["finish_reason"]["type"] == "abort":
             self.aborted += 1
         return answer
+
+    def _adapter_for(self, name: Any) -> str | None:
+        """The loaded adapter ``lora_path`` names: itself, or for a bare name its newest ``name@vN``."""
+        if name is None:
+            return None
+        if not isinstance(name, str) or not name:
+            raise HTTPError(400, "lora_path must name one loaded adapter (POST /load_lora_adapter first)")
+        if name in self.adapters:
+            return name
+        versions = [n for n in self.adapters if n.rpartition("@v")[0] == name and isinstance(adapter_version(n), int)]
+        if not versions:
+            raise HTTPError(400, f"adapter {name!r} is not loaded on this engine (loaded: "
+                                 f"{', '.join(sorted(self.adapters)) or 'none'}); the request was not run on the "
+                                 "base model")
+        return max(versions, key=adapter_version)
+
+    # ------------------------------------------------------------------------------
+    # LoRA adapters (SGLang's routes and answers, on vLLM's runtime LoRA loading)
+
+    def _adapter_answer(self, success: bool, message: str | None, status: int = 200) -> Response:
+        return json_response({"success": success, "error_message": message, "loaded_adapters": dict(self.adapters)},
+                             status)
+
+    async def load_lora_adapter(self, request: Request) -> Response:
+        body = request.json_object()
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not (isinstance(name, str) and name and isinstance(path, str) and path):
+            return self._adapter_answer(False, "load_lora_adapter needs lora_name and lora_path", 400)
+        if not self.options.get("lora"):
+            return self._adapter_answer(False, "this vllm engine was started without LoRA (the driver enables it "
+                                        "when model.lora.enabled is true)", 400)
+        if name in self.adapters:
+            return self._adapter_answer(False, f"an adapter named {name!r} is already loaded; load a new version "
+                                        "under a new name (name@vN) or unload it first", 409)
+        response = await self._vllm("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        if response.status_code != 200:
+            return self._adapter_answer(False, f"vLLM could not load {name!r} from {path}: {_detail(response)}", 400)
+        self.adapters[name] = path
+        log.info("adapter %s loaded from %s", name, path)
+        return self._adapter_answer(True, None)
+
+    async def unload_lora_adapter(self, request: Request) -> Response:
+        name = request.json_object().get("lora_name")
+        if not (isinstance(name, str) and name):
+            return self._adapter_answer(False, "unload_lora_adapter needs lora_name", 400)
+        if name not in self.adapters:
+            return self._adapter_answer(False, f"no adapter named {name!r} is loaded (loaded: "
+                                        f"{', '.join(sorted(self.adapters)) or 'none'})", 400)
+        users = self.adapter_users.get(name, 0)
+        if users:  # vLLM would let them run on, but may read the folder again, which the learner then deletes
+            return self._adapter_answer(False, f"adapter {name!r} is in use by {users} requests; unload it after "
+                                        "they finish", 409)
+        response = await self._vllm("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+        if response.status_code != 200:
+            return self._adapter_answer(False, f"vLLM could not unload {name!r}: {_detail(response)}", 400)
+        del self.adapters[name]
+        self.adapter_users.pop(name, None)
+        return self._adapter_answer(True, None)
 
     def _enter(self, rid: str) -> None:
         if not self.in_flight:
@@ -255,7 +335,7 @@ class Front:
             "vllm_version": _vllm_version(), "device": self.device, "dtype": self.options.get("dtype", "auto"),
             "max_context": self.options.get("max_model_len") or getattr(self.config, "max_position_embeddings", None),
             "max_running_requests": self.options.get("max_num_seqs", 64), "eos_token_ids": self.eos_token_ids,
-            "paused": self.paused, "pause_modes": list(PAUSE_MODES),
+            "paused": self.paused, "pause_modes": list(PAUSE_MODES), "lora_adapters": sorted(self.adapters),
         }
 
     async def server_info(self, request: Request) -> Any:

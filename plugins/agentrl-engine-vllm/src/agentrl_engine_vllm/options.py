@@ -29,6 +29,9 @@ class VLLMOptions:
     verify_weights: bool = True  # after each weight update: engine weights == sent weights, bit for bit
     startup_timeout: float = field(default=600.0, validator=in_range(0.0, lo_open=True))
     extra_args: list[str] = field(factory=list)  # appended to vLLM's command line
+    # model.lora: adapter versions vLLM holds at once (--max-loras, --max-cpu-loras); at least
+    # rollout.staleness_bound + 1, the versions the learner keeps loaded
+    max_loras: int = field(default=4, validator=in_range(1))
 
 
 def options_from(engine: Any, default: VLLMOptions | None = None) -> VLLMOptions:

@@ -66,6 +66,11 @@ def vllm_command(args: argparse.Namespace, socket_path: str) -> tuple[list[str],
     token = env_token()
     if token is not None:  # vLLM's --api-key, read from its environment
         env["VLLM_API_KEY"] = token
+    lora = options.get("lora")
+    if lora:  # model.lora: adapters loaded at run time through /v1/load_lora_adapter (front.py)
+        cmd += ["--enable-lora", "--max-loras", str(lora["max_loras"]), "--max-cpu-loras", str(lora["max_loras"]),
+                "--max-lora-rank", str(lora["max_lora_rank"])]
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if args.device == "cuda":
         cmd += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     else:

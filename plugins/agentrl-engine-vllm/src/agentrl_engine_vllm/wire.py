@@ -103,6 +103,12 @@ def version_value(version: Any) -> int | str:
     return int(text) if text.lstrip("-").isdigit() else text
 
 
+def adapter_version(name: str) -> int | str:
+    """The version of a served adapter named ``<name>@v<N>`` (``N`` as an int), else the whole name."""
+    _, sep, tail = name.rpartition("@v")
+    return int(tail) if sep and tail.isdigit() else name
+
+
 def sglang_answer(choice: Mapping[str, Any], *, rid: str, prompt_tokens: int, decode: Callable[[Sequence[int]], str],
                   no_stop_trim: bool = False, latency: float = 0.0) -> dict[str, Any]:
     """One vLLM choice -> SGLang's ``/generate`` answer (``output_ids`` include a matched stop token).
