@@ -203,13 +203,15 @@ def test_partial_rollouts_keep_in_flight_requests_across_a_weight_sync(engine, t
     old, new = perturbed(tiny_model_dir, 0.02, 7), perturbed(tiny_model_dir, 0.02, 8)
     transport = DiskTransport(disk_path=str(tmp_path / "sync"), model_dir=str(tiny_model_dir), partial_rollouts=True)
     transport.connect(None, [engine])
-    prompt, n = [11, 12, 13], 1000
+    prompt, n = [11, 12, 13], 3000  # the fixture's max_model_len is 4096
     # The sync writes the checkpoint before it pauses; on a quiet machine the tiny model finishes a
     # request in about the time that takes. So the sync starts first, and its last tensor is handed
     # over only once the request is generating: the pause then meets it with most of its tokens to go.
-    # On an idle machine vLLM CPU can still finish all n tokens before the pause lands (seen at load
-    # ~1, about 1 run in 2): such an attempt is checked for what it is (nothing retracted, every token
-    # of the old version) and the scenario runs again with the next two versions, at most 4 times.
+    # On an idle machine vLLM CPU can still finish all n tokens before the pause lands (1,000 tokens:
+    # about 1 run in 2 at load ~1, 4 in 4 once): such an attempt is checked for what it is (every
+    # token of the old version, none aborted; the front may still count the request as retracted
+    # when vLLM had finished it but its answer had not arrived) and the scenario runs again with the
+    # next two versions, at most 4 times.
 
     def attempt(v_old, v_new):
         generating_now = threading.Event()
@@ -253,7 +255,7 @@ def test_partial_rollouts_keep_in_flight_requests_across_a_weight_sync(engine, t
         assert transport.pause_mode == "retract"  # the front lists it in /get_model_info's pause_modes
         for v_old in (10, 12, 14, 16):
             result, stats = attempt(v_old, v_old + 1)
-            if stats["retracted_requests"]:
+            if v_old + 1 in result.versions:
                 break
             assert result.versions == [v_old] * n and stats["aborted_requests"] == 0  # finished before the pause
         else:
@@ -271,7 +273,11 @@ def test_partial_rollouts_keep_in_flight_requests_across_a_weight_sync(engine, t
         model.load_state_dict(dict(weights), strict=False)
         with torch.no_grad():
             logits = model(torch.tensor([context + tokens])).logits[0, len(context) - 1:-1]
-        assert tokens == logits.argmax(-1).tolist()  # greedy under the weights of its version
+        # greedy under the weights of its version; over 3,000 tokens a near-tie may break the other
+        # way in vLLM's kernels than in transformers', so a different argmax must be a tie (< 1e-3)
+        chosen = logits.gather(1, torch.tensor(tokens)[:, None])[:, 0]
+        gaps = logits.max(-1).values - chosen
+        assert float(gaps.max()) < 1e-3, [(i, float(g)) for i, g in enumerate(gaps) if g >= 1e-3][:5]
         reference = reference_logprobs(model, context, tokens, 0.0)
         assert max(abs(a - b) for a, b in zip(logprobs, reference)) < 1e-4
 
