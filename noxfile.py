@@ -136,7 +136,7 @@ for _name, _dir in PLUGINS.items():
 
 
 def _install_everything(session: nox.Session) -> None:
-    args = ["-e", _core_spec(["train", "examples"])]
+    args = ["-e", _core_spec(["train", "examples", "lora"])]
     for plugin_dir in PLUGINS.values():
         args += ["-e", f"{plugin_dir}[test]"]
     _install(session, *args)
