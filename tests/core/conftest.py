@@ -28,3 +28,17 @@ def tiny_vocab(tiny_model_dir):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
     im_start, im_end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
     return {"size": len(tokenizer), "im_start": im_start, "im_end": im_end}
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    """A one-rank gloo process group for the learner tests of a module (left as found)."""
+    import torch.distributed as dist
+
+    from agentrl_core.train.learner import init_distributed
+
+    created = not dist.is_initialized()
+    init_distributed("cpu")
+    yield
+    if created:
+        dist.destroy_process_group()

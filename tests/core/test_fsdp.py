@@ -200,19 +200,6 @@ def test_two_rank_fsdp_matches_single_process_reference(tiny_model_dir, tmp_path
 
 
 @pytest.fixture(scope="module")
-def world_of_one():
-    import torch.distributed as dist
-
-    from agentrl_core.train.learner import init_distributed
-
-    created = not dist.is_initialized()
-    init_distributed("cpu")
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
 def small_batch(tiny_model_dir):
     samples = make_samples(tiny_model_dir, n=6, seed=1)
     return samples, reference_run(tiny_model_dir, samples, (("token", "token-mean", None),))

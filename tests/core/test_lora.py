@@ -19,19 +19,6 @@ LORA = LoraConfig(enabled=True, rank=4, alpha=8.0, target_modules=["q_proj", "v_
 LOSS = LossConfig(kl_coef=0.1, entropy_coef=0.0)
 
 
-@pytest.fixture(scope="module")
-def world_of_one():
-    import torch.distributed as dist
-
-    from agentrl_core.train.learner import init_distributed
-
-    created = not dist.is_initialized()
-    init_distributed("cpu")
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
 def _learner(model_dir, lr=1e-2, lora=LORA):
     from agentrl_core.train.learner import Learner
 

@@ -38,19 +38,6 @@ def anyio_backend():
 
 
 @pytest.fixture(scope="module")
-def world_of_one():
-    import torch.distributed as dist
-
-    from agentrl_core.train.learner import init_distributed
-
-    created = not dist.is_initialized()
-    init_distributed("cpu")
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
 def learner(tiny_model_dir, world_of_one):
     from agentrl_core.train.learner import Learner
 

@@ -292,19 +292,6 @@ def test_lag_is_measured_per_token_and_waste_per_step():
                                              "rollout/interrupted_turns": 2.0, "rollout/mixed_version_tokens": 8.0}
 
 
-@pytest.fixture(scope="module")
-def world_of_one():
-    import torch.distributed as dist
-
-    from agentrl_core.train.learner import init_distributed
-
-    created = not dist.is_initialized()
-    init_distributed("cpu")
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("off_policy", ["ppo", "decoupled"])
 def test_the_learners_ratio_is_per_token_against_the_version_that_sampled_it(
         off_policy, world_of_one, v0, v1, v1_dir, tiny_vocab):

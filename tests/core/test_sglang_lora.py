@@ -42,19 +42,6 @@ def test_model_lora_turns_on_sglangs_lora_with_room_for_the_versions_kept(tmp_pa
         "/m", 1, 1, "c", 0)
 
 
-@pytest.fixture
-def world_of_one():
-    import torch.distributed as dist
-
-    from agentrl_core.train.learner import init_distributed
-
-    created = not dist.is_initialized()
-    init_distributed("cpu")
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
 @pytest.mark.processes
 async def test_adapters_reach_sglang_by_exact_name_and_a_running_request_keeps_its_version(
         tmp_path, monkeypatch, tiny_model_dir, world_of_one):
