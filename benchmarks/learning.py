@@ -66,6 +66,19 @@ LORA_ARM: dict[str, Any] = {"model__lora__enabled": True, "model__lora__rank": 1
                             "optim__lr": 2.0e-3}
 
 
+def lora_arm(arm: str) -> tuple[str, dict[str, Any] | None]:
+    """``grpo`` -> (grpo, None); ``grpo_lora`` -> (grpo, LORA_ARM); ``grpo_lora@1e-3`` -> LORA_ARM at lr 1e-3."""
+    name, _, lr = arm.partition("@")
+    if not name.endswith("_lora"):
+        if lr:
+            raise SystemExit(f"arm {arm!r}: a learning rate (@LR) is only for LoRA arms (<estimator>_lora@LR)")
+        return name, None
+    try:
+        return name.removesuffix("_lora"), {**LORA_ARM, **({"optim__lr": float(lr)} if lr else {})}
+    except ValueError:
+        raise SystemExit(f"arm {arm!r}: {lr!r} is not a learning rate (e.g. grpo_lora@1e-3)") from None
+
+
 def subprocess_env() -> dict[str, str]:
     # One intra-op thread per process: on 2 shared cores, torch's default (one thread per
     # core) makes SFT and evaluation 5-10x slower under load. Training pins its own threads.
@@ -231,7 +244,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [2, 1]})
+    palette = iter(["tab:orange", "tab:green", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"])
     colors = {"grpo": "tab:blue", "grpo_negated": "tab:red", "grpo_lora": "tab:purple"}
+    colors.update({arm: next(palette, "tab:gray") for arm in result["runs"] if arm not in colors})
     for arm, run in result["runs"].items():
         xs = [p["step"] for p in run["train"]["curve"]]
         ax1.plot(xs, [p["reward"] for p in run["train"]["curve"]], "-o", ms=3, color=colors.get(arm), label=arm)
@@ -268,7 +283,8 @@ def main() -> int:
     parser.add_argument("--model", default=None, help="start from this `agentrl model init` model (default: build one)")
     parser.add_argument("--arms", default="grpo,grpo_negated",
                         help="advantage estimators to train with; <estimator>_lora trains LoRA adapters "
-                             f"(model.lora: rank {LORA_ARM['model__lora__rank']}, lr {LORA_ARM['optim__lr']})")
+                             f"(model.lora: rank {LORA_ARM['model__lora__rank']}, lr {LORA_ARM['optim__lr']}); "
+                             "<estimator>_lora@LR sets its learning rate (grpo_lora@5e-4,grpo_lora@1e-3)")
     args = parser.parse_args()
     require_plotting()
     params = dict(QUICK if args.quick else FULL)
@@ -289,9 +305,9 @@ def main() -> int:
 
     runs: dict[str, Any] = {}
     for arm in args.arms.split(","):
-        estimator, lora = (arm.removesuffix("_lora"), True) if arm.endswith("_lora") else (arm, False)
+        estimator, lora = lora_arm(arm)
         run = train(prepared["model"], work / arm, params,
-                    extra={"advantage__estimator": estimator, "run__seed": args.seed, **(LORA_ARM if lora else {})})
+                    extra={"advantage__estimator": estimator, "run__seed": args.seed, **(lora or {})})
         after = evaluate(run["model"], work / f"eval_{arm}", params)
         runs[arm] = {"train": run, "after": {"success": success_of(after), **after},
                      "improvement": success_of(after) - before_success}
@@ -304,8 +320,8 @@ def main() -> int:
     if "grpo" in runs:
         checks["grpo_improves_25pp"] = runs["grpo"]["improvement"] >= TARGET_IMPROVEMENT
         checks["grpo_within_budget"] = runs["grpo"]["train"]["train_command_s"] <= params["budget_s"] + 150
-    if "grpo_lora" in runs:
-        checks["lora_improves_25pp"] = runs["grpo_lora"]["improvement"] >= TARGET_IMPROVEMENT
+    for arm in (a for a in runs if lora_arm(a)[1]):
+        checks[f"{arm.replace('grpo_', '')}_improves_25pp"] = runs[arm]["improvement"] >= TARGET_IMPROVEMENT
     if "grpo_negated" in runs:
         checks["control_does_not_improve"] = runs["grpo_negated"]["improvement"] < CONTROL_MAX_CHANGE
     result = {
