@@ -188,3 +188,17 @@ def test_grpo_negated_is_the_sign_flipped_control():
     torch.testing.assert_close(adv[0], torch.tensor([0, -hi, -hi, 0]), rtol=0, atol=1e-6)
     torch.testing.assert_close(adv[2], torch.tensor([0, 0, -lo, -lo]), rtol=0, atol=1e-6)
     torch.testing.assert_close(adv, -grpo_advantages(REWARDS, GROUPS, MASK), rtol=0, atol=0)
+
+
+def test_reward_scale_multiplies_a_tasks_rewards_before_the_estimator():
+    # tasks[].reward_scale: calc's rewards x 0.1, db's unchanged. RLOO, groups of two:
+    # calc rewards 0.1, 0 -> 0.1 * 2 - 0.05 * 2 = 0.1 and -0.1; db rewards 1, 0 -> 1 and -1
+    trajs = [_traj("0", "g1", "calc", 1.0, [0, 1]), _traj("1", "g1", "calc", 0.0, [1, 1]),
+             _traj("2", "g2", "db", 1.0, [0, 1]), _traj("3", "g2", "db", 0.0, [0, 1])]
+    out = compute_advantages(trajs, rloo_advantages, reward_scales={"calc": 0.1})
+    torch.testing.assert_close(out.advantages, torch.tensor([[0.0, 0.1], [-0.1, -0.1], [0.0, 1.0], [0.0, -1.0]]))
+    # GRPO divides by the group's std: the scale cancels (up to GRPO's 1e-6 in the divisor)
+    grpo = compute_advantages(trajs, grpo_advantages, reward_scales={"calc": 0.1}).advantages
+    torch.testing.assert_close(grpo[0], compute_advantages(trajs, grpo_advantages).advantages[0], rtol=1e-4, atol=1e-4)
+    # the trajectories themselves keep the environment's reward
+    assert [t.training_reward for t in trajs] == [1.0, 0.0, 1.0, 0.0]

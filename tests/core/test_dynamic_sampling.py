@@ -339,13 +339,14 @@ class RecordingLearners:
         return {}
 
 
-def trainer_for(tmp_path, mode, loop, **dynamic):
+def trainer_for(tmp_path, mode, loop, *, task=None, estimator="grpo", **dynamic):
     from agentrl_core.jobs.training import Trainer
     from agentrl_core.train.advantages import build_advantage_fns
     from agentrl_core.train.engine_watch import EngineWatchdog
 
     config = config_from_dict({
-        "run": {"output_dir": str(tmp_path)}, "model": {"path": "/m"}, "tasks": [{"env": "calc"}],
+        "run": {"output_dir": str(tmp_path)}, "model": {"path": "/m"}, "tasks": [{"env": "calc", **(task or {})}],
+        "advantage": {"estimator": estimator},
         "rollout": {"n_samples": 2, "batch_size": 2, "concurrency": 4, "dynamic_sampling": {"enabled": True, **dynamic}},
         "train": {"mode": mode, "total_steps": 2, "checkpoint_every": 0},
         "logging": {"loggers": [], "sample_rollouts": 0, "progress": False},
@@ -360,6 +361,16 @@ def trainer_for(tmp_path, mode, loop, **dynamic):
     trainer.estimator, trainer.normalizers = build_advantage_fns(config.advantage, trainer.registry)
     trainer._build_rollout(loop)
     return trainer
+
+
+def test_the_trainer_scales_a_tasks_rewards_before_its_estimator(tmp_path):
+    # tasks[].reward_scale 0.5 with RLOO (no std division): odd groups' rewards 0 and 1 enter as
+    # 0 and 0.5, so the advantages are 0.5 * 2 - 0.25 * 2 = +-0.5 instead of +-1
+    trainer = trainer_for(tmp_path, "sync", RewardLoop(mixed_if_odd), task={"reward_scale": 0.5}, estimator="rloo")
+    run(trainer._run_sync)
+    advantages = sorted({a for samples in trainer.pools.learner.steps for s in samples for a in s.advantages if a})
+    assert advantages == [-0.5, 0.5]
+    assert trainer.history[0]["task/calc-train/reward"] == 0.5  # metrics keep the environment's reward
 
 
 def trained_steps(trainer):

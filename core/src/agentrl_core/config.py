@@ -91,6 +91,9 @@ class TaskConfig:
     split: str = "train"  # the environment's index set (split) to draw samples from
     # training only: the share of groups from this task is weight / the sum of all tasks' weights
     weight: float = field(default=1.0, validator=in_range(0.0, lo_open=True))
+    # training only: the advantage estimator sees this task's training rewards times reward_scale
+    # (metrics and stored trajectories keep the environment's reward); for tasks scored on other scales
+    reward_scale: float = field(default=1.0, validator=in_range(0.0, lo_open=True))
     name: str | None = None  # the task's name in metrics (task/<name>/...); None: <env>-<split>; must be unique
     indices: list[int | str] | None = None  # only these indices of the split; None: all of them
     # only the first limit indices (after indices, before shuffling); None: no limit

@@ -404,7 +404,8 @@ class Trainer:
 
         c = self.config
         t0 = time.monotonic()
-        adv = compute_advantages(trajectories, self.estimator, self.normalizers)
+        adv = compute_advantages(trajectories, self.estimator, self.normalizers,
+                                 {t.task_name: t.reward_scale for t in c.tasks if t.reward_scale != 1.0})
         samples = train_samples(trajectories, adv.advantages)
         learning_signal = float(adv.advantages.abs().sum()) > 0.0
         if not learning_signal and not self._said_no_signal:

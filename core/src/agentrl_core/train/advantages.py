@@ -22,7 +22,7 @@ estimator, in order, re-applying the loss mask after each.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -175,13 +175,17 @@ def pad_rows(rows: Sequence[Sequence[float]], dtype: torch.dtype = torch.float32
     return out
 
 
-def compute_advantages(trajectories: Sequence[Any], estimator: Any, normalizers: Sequence[Any] = ()) -> AdvantageBatch:
+def compute_advantages(trajectories: Sequence[Any], estimator: Any, normalizers: Sequence[Any] = (),
+                       reward_scales: Mapping[str, float] | None = None) -> AdvantageBatch:
     """Estimator then normalizers for a batch of :class:`~agentrl_core.types.Trajectory`.
 
     Returns an :class:`AdvantageBatch` whose ``[B, L]`` tensors are right-padded to the
     longest trajectory; row ``i`` belongs to ``trajectories[i]``. A trajectory without a
     training reward (an infrastructure failure) must never reach this point.
+    ``reward_scales``: task name -> factor on its training rewards before the estimator
+    (``tasks[].reward_scale``); tasks not named keep theirs.
     """
+    scales = reward_scales or {}
     rewards = []
     for t in trajectories:
         if t.training_reward is None:
@@ -189,7 +193,7 @@ def compute_advantages(trajectories: Sequence[Any], estimator: Any, normalizers:
                 f"trajectory {t.uid} of group {t.group_id} has no training reward (status {t.status}); "
                 "infrastructure failures must be retried or their group dropped by the buffer"
             )
-        rewards.append(float(t.training_reward))
+        rewards.append(float(t.training_reward) * scales.get(t.task, 1.0))
     loss_mask = pad_rows([t.loss_mask for t in trajectories], dtype=torch.float32)
     group_ids = [t.group_id for t in trajectories]
     advantages = estimator(torch.tensor(rewards, dtype=torch.float64), group_ids, loss_mask)
