@@ -25,6 +25,18 @@ a PNG beside it. There is no target (issue 7): the JSON and the README report wh
     python benchmarks/ablation.py            # 3 arms x 3 seeds x 15 steps (~45 min on 2 cores, with its SFT)
     python benchmarks/ablation.py --arms baseline,cross,task_norm,cross+task_norm   # + both plugins together
     python benchmarks/ablation.py --quick    # 1 seed x 2 steps per arm: the plumbing
+
+``--study task_scale`` (issue 31) is the ablation designed to need task normalization. The same
+two tasks, but calc-short's rewards count a tenth (``tasks[].reward_scale: 0.1``, a task scored
+on another scale) and the estimator is ``rloo``, which keeps reward scales (GRPO's division by
+the group std would cancel the scale, and with it what this study tests). Arms ``rloo`` and
+``rloo+task_norm``, 3 seeds, held-out success of the SFT model and of each trained model, so the
+measure is each task's *gain* and the weakest task's gain. Expected direction, stated before
+running: without task normalization calc-short's gradient is ten times smaller and it gains
+little; with it both tasks enter with unit spread and calc-short gains as it does unscaled.
+
+    python benchmarks/ablation.py --study task_scale           # ~40 min: SFT, 6 runs, 7 evaluations
+    python benchmarks/ablation.py --study task_scale --quick   # the plumbing
 """
 
 from __future__ import annotations
@@ -63,6 +75,15 @@ ARMS: dict[str, dict[str, Any]] = {
     "task_norm": {"advantage": {"estimator": "grpo", "normalizers": ["task"]}},
     "cross+task_norm": {"sampler": {"name": "cross", "cross": {"stale_ratio": 0.25, "stale_step": 5}},
                         "advantage": {"estimator": "grpo", "normalizers": ["task"]}},
+    "rloo": {"advantage": {"estimator": "rloo", "normalizers": []}},
+    "rloo+task_norm": {"advantage": {"estimator": "rloo", "normalizers": ["task"]}},
+}
+# study -> default arms, reward scales per task, result file stem, and the expected direction
+STUDIES: dict[str, dict[str, Any]] = {
+    "plugins": {"arms": "baseline,cross,task_norm", "reward_scale": {}, "stem": "ablation", "expected": None},
+    "task_scale": {"arms": "rloo,rloo+task_norm", "reward_scale": {"calc-short": 0.1}, "stem": "ablation_task_scale",
+                   "expected": "with task_norm, calc-short (rewards x 0.1) gains more held-out success, and so "
+                               "does the weakest task; without it calc-short's gradient is ten times smaller"},
 }
 SIZES = {
     "full": {"seeds": 3, "total_steps": 15, "eval": True, "run_timeout_s": 1800.0},
@@ -104,7 +125,7 @@ def run_config(base: dict[str, Any], arm: str, seed: int, sft_model: str, run_di
     config = json.loads(json.dumps(base))  # a deep copy
     config["run"] = {**config.get("run", {}), "name": f"ablation-{arm}-{seed}", "output_dir": str(run_dir), "seed": seed}
     config["model"] = {**config.get("model", {}), "path": sft_model}
-    config["tasks"] = tasks
+    config["tasks"] = tasks  # with their reward_scale, if any
     config["sampler"] = {"name": "current"}
     config["advantage"] = {"estimator": "grpo", "normalizers": []}
     for section, value in ARMS[arm].items():
@@ -112,6 +133,19 @@ def run_config(base: dict[str, Any], arm: str, seed: int, sft_model: str, run_di
     config["train"] = {**config.get("train", {}), "total_steps": total_steps, "checkpoint_every": 0,
                        "save_hf_model": True}
     return config
+
+
+def parse_scales(items: list[str]) -> dict[str, float]:
+    scales = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            scales[name] = float(value)
+        except ValueError:
+            raise SystemExit(f"--reward-scale {item!r}: expected TASK=SCALE, e.g. calc-short=0.1") from None
+        if scales[name] <= 0:
+            raise SystemExit(f"--reward-scale {item!r}: a scale must be above 0")
+    return scales
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -139,7 +173,19 @@ def aggregate(runs: list[dict[str, Any]], task_names: list[str], eval_names: lis
             for key in ["reward", *[f"task/{t}/reward" for t in task_names]]}
     return {"steps": steps, "curves": curves, "heldout_success": heldout,
             "late_training_reward": {k: {"mean": m, "std": s} for k, (m, s) in late.items()},
-            "train_seconds": mean_std([r["train_command_s"] for r in runs])}
+            "train_seconds": mean_std([r["train_command_s"] for r in runs]), **gains(runs, eval_names)}
+
+
+def gains(runs: list[dict[str, Any]], eval_names: list[str]) -> dict[str, Any]:
+    """Held-out gain over the SFT model per task, and the weakest task's gain, per seed then mean and std."""
+    with_before = [r for r in runs if r.get("heldout") and r.get("before")]
+    if not with_before:
+        return {}
+    per_task = {name: [r["heldout"][name] - r["before"][name] for r in with_before] for name in eval_names}
+    weakest = [min(per_task[name][i] for name in eval_names) for i in range(len(with_before))]
+    return {"heldout_gain": {name: {"mean": mean_std(v)[0], "std": mean_std(v)[1], "per_seed": v}
+                             for name, v in per_task.items()},
+            "weakest_gain": {"mean": mean_std(weakest)[0], "std": mean_std(weakest)[1], "per_seed": weakest}}
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -149,7 +195,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     tasks = result["params"]["task_names"]
-    fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(5 * (len(tasks) + 1), 4.2), sharey=True)
+    with_gain = any("heldout_gain" in agg for agg in result["arms"].values())
+    panels = len(tasks) + 1 + with_gain
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.2))
     keys = ["reward", *[f"task/{t}/reward" for t in tasks]]
     titles = ["both tasks", *tasks]
     for ax, key, title in zip(axes, keys, titles):
@@ -164,8 +212,26 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_title(f"training reward: {title}")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    for ax in axes[1:len(keys)]:
+        ax.sharey(axes[0])
     axes[0].set_ylabel(f"reward (mean ± std over {result['params']['seeds']} seeds)")
     axes[0].legend()
+    if with_gain:
+        ax = axes[-1]
+        arms = [a for a, agg in result["arms"].items() if "heldout_gain" in agg]
+        names = list(result["arms"][arms[0]]["heldout_gain"])
+        width = 0.8 / len(arms)
+        for k, arm in enumerate(arms):
+            g = result["arms"][arm]["heldout_gain"]
+            xs = [i + (k - (len(arms) - 1) / 2) * width for i in range(len(names))]
+            ax.bar(xs, [g[n]["mean"] for n in names], width, yerr=[g[n]["std"] for n in names], capsize=3, label=arm)
+        scales = result["params"].get("reward_scale") or {}
+        ax.set_xticks(range(len(names)), [n + (f"\n(rewards x {scales[n.removesuffix('-test')]})"
+                                                if n.removesuffix("-test") in scales else "") for n in names])
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_ylabel("held-out success gain over the SFT model")
+        ax.set_title("held-out gain (mean ± std over seeds)")
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -178,8 +244,13 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="result JSON (default benchmarks/results/ablation[_quick].json)")
     parser.add_argument("--sft-model", default=None,
                         help="warmed-up model (default: runs/learning_bench/sft_model if present, else SFT here)")
-    parser.add_argument("--arms", default="baseline,cross,task_norm",
-                        help="comma-separated subset of " + ", ".join(ARMS) + " (default: each plugin on and off)")
+    parser.add_argument("--study", choices=list(STUDIES), default="plugins",
+                        help="plugins: each algorithm plugin on and off (GRPO); task_scale: tasks on different "
+                             "reward scales with rloo, with and without task normalization")
+    parser.add_argument("--arms", default=None,
+                        help="comma-separated subset of " + ", ".join(ARMS) + " (default: the study's)")
+    parser.add_argument("--reward-scale", action="append", default=None, metavar="TASK=SCALE",
+                        help="tasks[].reward_scale of a task (calc-short or calc-long); default: the study's")
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None, help="training steps per run")
     args = parser.parse_args()
@@ -188,14 +259,21 @@ def main() -> int:
     params = dict(QUICK if args.quick else FULL)
     size["seeds"] = args.seeds or size["seeds"]
     size["total_steps"] = args.steps or size["total_steps"]
-    work = Path(args.work) if args.work else ROOT / "runs" / ("ablation_quick" if args.quick else "ablation")
+    study = STUDIES[args.study]
+    stem = study["stem"] + ("_quick" if args.quick else "")
+    work = Path(args.work) if args.work else ROOT / "runs" / stem
+    out = Path(args.out) if args.out else RESULTS / f"{stem}.json"
     work.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out) if args.out else RESULTS / ("ablation_quick.json" if args.quick else "ablation.json")
     load_before = os.getloadavg()
     started = time.monotonic()
 
     base = yaml.safe_load(CONFIG.read_text())
     tasks, eval_tasks = task_sets(base, train_limit=2500, test_limit=8 if args.quick else 100)
+    scales = parse_scales(args.reward_scale) if args.reward_scale is not None else dict(study["reward_scale"])
+    unknown_tasks = sorted(set(scales) - {t["name"] for t in tasks})
+    if unknown_tasks:
+        raise SystemExit(f"--reward-scale names {unknown_tasks}; the tasks are {[t['name'] for t in tasks]}")
+    tasks = [{**t, "reward_scale": scales[t["name"]]} if t["name"] in scales else t for t in tasks]
     sft_model = args.sft_model
     prepared = None
     if sft_model is None:  # SFT on this config's problems (one and two additions)
@@ -203,7 +281,13 @@ def main() -> int:
         sft_model = prepared["model"]
     print(f"SFT model: {sft_model}", flush=True)
 
-    arms = [a for a in args.arms.split(",") if a]
+    before = None
+    if size["eval"]:  # the SFT model's held-out success: each trained model's gain is measured from it
+        ev = evaluate(sft_model, work / "eval_sft", params, config=CONFIG, tasks=eval_tasks)
+        before = {t: s["success_mean"] for t, s in ev["tasks"].items()}
+        print(f"SFT model held-out: {before}", flush=True)
+
+    arms = [a for a in (args.arms or study["arms"]).split(",") if a]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise SystemExit(f"unknown arm(s) {unknown}; choose from {', '.join(ARMS)}")
@@ -229,6 +313,7 @@ def main() -> int:
                 model, _ = trained_model(run_dir)
                 ev = evaluate(model, work / f"eval_{name}", params, config=config_path, tasks=eval_tasks)
                 record["heldout"] = {t: s["success_mean"] for t, s in ev["tasks"].items()}
+                record["before"] = before
                 record["eval_s"] = ev["seconds"]
             results[arm].append(record)
             late = statistics.fmean(m["reward"] for m in metrics[-max(1, len(metrics) // 4):]) if metrics else float("nan")
@@ -237,12 +322,15 @@ def main() -> int:
 
     result = {
         "benchmark": "ablation",
+        "study": args.study,
+        "expected": study["expected"],
         "quick": args.quick,
-        "params": {**size, "arms": {a: ARMS[a] for a in arms}, "task_names": task_names, "eval_task_names": eval_names,
+        "params": {**size, "arms": {a: ARMS[a] for a in arms}, "reward_scale": scales, "task_names": task_names, "eval_task_names": eval_names,
                    "tasks": {t["name"]: {"split": t["split"], "problems": len(t["indices"])} for t in tasks},
                    "eval_tasks": {t["name"]: {"split": t["split"], "problems": len(t["indices"])} for t in eval_tasks},
                    "config": str(CONFIG.relative_to(ROOT)), "sft_model": sft_model, "sft": prepared and {
                        k: v for k, v in prepared.items() if k != "model"}},
+        "heldout_before": before,
         "arms": {arm: aggregate(runs, task_names, eval_names) for arm, runs in results.items()},
         "runs": results,
         "machine": machine(load_before),
@@ -255,7 +343,10 @@ def main() -> int:
     for arm, agg in result["arms"].items():
         late = agg["late_training_reward"]
         held = ", ".join(f"{t} {v['mean']:.3f}±{v['std']:.3f}" for t, v in agg["heldout_success"].items())
-        print(f"  {arm:>16}: late training reward {late['reward']['mean']:.3f}±{late['reward']['std']:.3f}; held-out {held}")
+        gain = ", ".join(f"{t} {v['mean']:+.3f}±{v['std']:.3f}" for t, v in agg.get("heldout_gain", {}).items())
+        weakest = agg.get("weakest_gain")
+        print(f"  {arm:>16}: late training reward {late['reward']['mean']:.3f}±{late['reward']['std']:.3f}; held-out {held}"
+              + (f"; gain {gain}; weakest {weakest['mean']:+.3f}±{weakest['std']:.3f}" if weakest else ""))
     return 0
 
 
