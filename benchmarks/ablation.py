@@ -30,12 +30,12 @@ a PNG beside it. There is no target (issue 7): the JSON and the README report wh
 two tasks, but calc-short's rewards count a tenth (``tasks[].reward_scale: 0.1``, a task scored
 on another scale) and the estimator is ``rloo``, which keeps reward scales (GRPO's division by
 the group std would cancel the scale, and with it what this study tests). Arms ``rloo`` and
-``rloo+task_norm``, 3 seeds, held-out success of the SFT model and of each trained model, so the
+``rloo+task_norm``, and ``rloo_unscaled`` (no scale: the reference gain), 3 seeds, held-out success of the SFT model and of each trained model, so the
 measure is each task's *gain* and the weakest task's gain. Expected direction, stated before
 running: without task normalization calc-short's gradient is ten times smaller and it gains
 little; with it both tasks enter with unit spread and calc-short gains as it does unscaled.
 
-    python benchmarks/ablation.py --study task_scale           # ~40 min: SFT, 6 runs, 7 evaluations
+    python benchmarks/ablation.py --study task_scale           # ~50 min: SFT, 9 runs, 10 evaluations
     python benchmarks/ablation.py --study task_scale --quick   # the plumbing
 """
 
@@ -77,13 +77,17 @@ ARMS: dict[str, dict[str, Any]] = {
                         "advantage": {"estimator": "grpo", "normalizers": ["task"]}},
     "rloo": {"advantage": {"estimator": "rloo", "normalizers": []}},
     "rloo+task_norm": {"advantage": {"estimator": "rloo", "normalizers": ["task"]}},
+    # the reference of the task_scale study: rloo with every task's rewards unscaled
+    "rloo_unscaled": {"advantage": {"estimator": "rloo", "normalizers": []}},
 }
+UNSCALED_ARMS = {"rloo_unscaled"}  # arms whose tasks ignore --reward-scale
 # study -> default arms, reward scales per task, result file stem, and the expected direction
 STUDIES: dict[str, dict[str, Any]] = {
     "plugins": {"arms": "baseline,cross,task_norm", "reward_scale": {}, "stem": "ablation", "expected": None},
-    "task_scale": {"arms": "rloo,rloo+task_norm", "reward_scale": {"calc-short": 0.1}, "stem": "ablation_task_scale",
+    "task_scale": {"arms": "rloo,rloo+task_norm,rloo_unscaled", "reward_scale": {"calc-short": 0.1}, "stem": "ablation_task_scale",
                    "expected": "with task_norm, calc-short (rewards x 0.1) gains more held-out success, and so "
-                               "does the weakest task; without it calc-short's gradient is ten times smaller"},
+                               "does the weakest task; without it calc-short's gradient is ten times smaller. rloo_unscaled "
+                               "(no scale, no task_norm) is the reference for calc-short's unhindered gain"},
 }
 SIZES = {
     "full": {"seeds": 3, "total_steps": 15, "eval": True, "run_timeout_s": 1800.0},
@@ -125,7 +129,8 @@ def run_config(base: dict[str, Any], arm: str, seed: int, sft_model: str, run_di
     config = json.loads(json.dumps(base))  # a deep copy
     config["run"] = {**config.get("run", {}), "name": f"ablation-{arm}-{seed}", "output_dir": str(run_dir), "seed": seed}
     config["model"] = {**config.get("model", {}), "path": sft_model}
-    config["tasks"] = tasks  # with their reward_scale, if any
+    # with their reward_scale, if any (not in the unscaled reference arms)
+    config["tasks"] = [{k: v for k, v in t.items() if k != "reward_scale"} for t in tasks] if arm in UNSCALED_ARMS else tasks
     config["sampler"] = {"name": "current"}
     config["advantage"] = {"estimator": "grpo", "normalizers": []}
     for section, value in ARMS[arm].items():
