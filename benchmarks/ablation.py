@@ -55,10 +55,8 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning import CONFIG as ONE_OP_CONFIG  # one-addition calc: the first SFT stage
 from learning import (  # the learning benchmark's helpers
-    CONFIG as ONE_OP_CONFIG,
-)
-from learning import (
     FULL,
     QUICK,
     RESULTS,
@@ -291,10 +289,10 @@ def main() -> int:
         # one-addition problems (learning.py's SFT: nll ~0.065, held-out 0.45-0.55 in every run
         # so far); SFT on a mix of one and two additions from a fresh model often never forms
         # that copy (2026-12-05: nll stuck at 0.14-0.16 over three tries, held-out 0.06).
-        copy = prepare_model(work / "sft_one_op", params, config=ONE_OP_CONFIG)
-        print(f"stage 1 (one addition) SFT model: {copy['model']}, final nll {copy['sft_final_nll']:.3f}", flush=True)
-        prepared = prepare_model(work, params, config=CONFIG, model=Path(copy["model"]))  # then this config's mix
-        prepared["stage1"] = {k: v for k, v in copy.items() if k != "model"}
+        stage1 = prepare_model(work / "sft_one_op", params, config=ONE_OP_CONFIG)
+        print(f"stage 1 (one addition) SFT model: {stage1['model']}, final nll {stage1['sft_final_nll']:.3f}", flush=True)
+        prepared = prepare_model(work, params, config=CONFIG, model=Path(stage1["model"]))  # then this config's mix
+        prepared["stage1"] = {k: v for k, v in stage1.items() if k != "model"}
         sft_model = prepared["model"]
     print(f"SFT model: {sft_model}", flush=True)
 
