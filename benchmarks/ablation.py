@@ -39,6 +39,18 @@ little; with it both tasks enter with unit spread and calc-short gains as it doe
 
     python benchmarks/ablation.py --study task_scale           # ~45 min: two SFT stages, 9 runs, 10 evaluations
     python benchmarks/ablation.py --study task_scale --quick   # the plumbing
+
+``--study cross_passk`` (issue 31) measures what cross-policy sampling is for: the diversity of
+what the trained policy solves. RL sharpens a policy (pass@1 rises) and can lose problems the
+SFT model solved in some of its tries; the turns a stale policy contributes keep those in the
+training data. Arms ``baseline``, ``cross`` (stale pool <= 5 steps behind) and ``cross_frozen``
+(the stale pool keeps the SFT model's weights all run: the most distinct pair of policies this
+setup can make), 3 seeds; every model, the SFT model included, is evaluated with 8 repeats per
+held-out problem, for pass@1..8 and for the problems each trained model lost and gained against
+the SFT model (solved in at least one of 8 tries). The expected direction is in ``STUDIES``.
+
+    python benchmarks/ablation.py --study cross_passk          # ~45 min (~35 with --sft-model)
+    python benchmarks/ablation.py --study cross_passk --quick  # the plumbing (2 repeats)
 """
 
 from __future__ import annotations
@@ -82,6 +94,8 @@ ARMS: dict[str, dict[str, Any]] = {
     "rloo+task_norm": {"advantage": {"estimator": "rloo", "normalizers": ["task"]}},
     # the reference of the task_scale study: rloo with every task's rewards unscaled
     "rloo_unscaled": {"advantage": {"estimator": "rloo", "normalizers": []}},
+    # cross_passk: the stale pool never refreshed after the start, so it plays the SFT model all run
+    "cross_frozen": {"sampler": {"name": "cross", "cross": {"stale_ratio": 0.25, "stale_step": 1000}}},
 }
 UNSCALED_ARMS = {"rloo_unscaled"}  # arms whose tasks ignore --reward-scale
 # study -> default arms, reward scales per task, result file stem, and the expected direction
@@ -91,6 +105,14 @@ STUDIES: dict[str, dict[str, Any]] = {
                    "expected": "with task_norm, calc-short (rewards x 0.1) gains more held-out success, and so "
                                "does the weakest task; without it calc-short's gradient is ten times smaller. rloo_unscaled "
                                "(no scale, no task_norm) is the reference for calc-short's unhindered gain"},
+    "cross_passk": {"arms": "baseline,cross,cross_frozen", "reward_scale": {}, "stem": "ablation_cross_passk",
+                    "eval_repeats": 8,
+                    "expected": "RL sharpens the policy: pass@1 rises, and problems the SFT model solved in some of its "
+                                "8 tries are lost. With cross sampling a share of every trajectory's turns comes from a "
+                                "stale policy (cross: <= 5 steps behind; cross_frozen: the SFT model all run), whose "
+                                "solved set differs from the current one's, so the trained policy keeps more of them: "
+                                "higher pass@8 and fewer lost problems than baseline, most visibly on calc-long, with "
+                                "pass@1 about the same"},
 }
 SIZES = {
     "full": {"seeds": 3, "total_steps": 15, "eval": True, "run_timeout_s": 1800.0},
@@ -160,8 +182,10 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def aggregate(runs: list[dict[str, Any]], task_names: list[str], eval_names: list[str]) -> dict[str, Any]:
-    """Curves (reward per step, per task and overall) and final held-out success: mean and std over seeds."""
+def aggregate(runs: list[dict[str, Any]], task_names: list[str], eval_names: list[str],
+              sft: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Curves (reward per step, per task and overall) and final held-out success: mean and std over seeds
+    (with several evaluation repeats also pass@k, and the problems lost and gained against ``sft``)."""
     steps = min(len(r["metrics"]) for r in runs)
     curves: dict[str, dict[str, list[float]]] = {}
     for key in ["reward", *[f"task/{t}/reward" for t in task_names]]:
@@ -181,7 +205,8 @@ def aggregate(runs: list[dict[str, Any]], task_names: list[str], eval_names: lis
             for key in ["reward", *[f"task/{t}/reward" for t in task_names]]}
     return {"steps": steps, "curves": curves, "heldout_success": heldout,
             "late_training_reward": {k: {"mean": m, "std": s} for k, (m, s) in late.items()},
-            "train_seconds": mean_std([r["train_command_s"] for r in runs]), **gains(runs, eval_names)}
+            "train_seconds": mean_std([r["train_command_s"] for r in runs]), **gains(runs, eval_names),
+            **pass_k(runs, sft, eval_names)}
 
 
 def gains(runs: list[dict[str, Any]], eval_names: list[str]) -> dict[str, Any]:
@@ -196,6 +221,44 @@ def gains(runs: list[dict[str, Any]], eval_names: list[str]) -> dict[str, Any]:
             "weakest_gain": {"mean": mean_std(weakest)[0], "std": mean_std(weakest)[1], "per_seed": weakest}}
 
 
+def solved_sets(eval_dir: Path) -> dict[str, list]:
+    """Per held-out task, the problems solved in at least one of the evaluation's repeats."""
+    solved: dict[str, set] = {}
+    for line in (eval_dir / "trajectories.jsonl").read_text().splitlines():
+        if line.strip():
+            episode = json.loads(line)
+            tried = solved.setdefault(episode["task"], set())
+            if episode["reward"] >= 1.0:
+                tried.add(episode["index"])
+    return {task: sorted(indices) for task, indices in solved.items()}
+
+
+def resample_floor(first: dict[str, list], second: dict[str, list], pass_at_k: dict[str, Any]) -> dict[str, Any]:
+    """Problems one evaluation of a model solved and another did not, both ways, and the second's pass@k."""
+    return {task: {"lost": len(set(first[task]) - set(second.get(task, []))),
+                   "gained": len(set(second.get(task, [])) - set(first[task])), "pass_at_k": pass_at_k.get(task)}
+            for task in first}
+
+
+def pass_k(runs: list[dict[str, Any]], sft: dict[str, Any] | None, eval_names: list[str]) -> dict[str, Any]:
+    """pass@k per task and k, and the problems lost and gained against the SFT model: mean and std over seeds."""
+    with_k = [r for r in runs if r.get("pass_at_k")]
+    if not with_k:
+        return {}
+    out: dict[str, Any] = {"pass_at_k": {}}
+    for name in eval_names:
+        ks = with_k[0]["pass_at_k"][name]
+        out["pass_at_k"][name] = {k: dict(zip(("mean", "std"), mean_std([r["pass_at_k"][name][k] for r in with_k])),
+                                          per_seed=[r["pass_at_k"][name][k] for r in with_k]) for k in ks}
+    if sft and sft.get("solved"):
+        for key, diff in (("lost", lambda sft, run: sft - run), ("gained", lambda sft, run: run - sft)):
+            out[f"problems_{key}"] = {}
+            for name in eval_names:
+                counts = [len(diff(set(sft["solved"].get(name, [])), set(r["solved"].get(name, [])))) for r in with_k]
+                out[f"problems_{key}"][name] = {"mean": mean_std(counts)[0], "std": mean_std(counts)[1], "per_seed": counts}
+    return out
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -204,8 +267,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     tasks = result["params"]["task_names"]
     with_gain = any("heldout_gain" in agg for agg in result["arms"].values())
-    panels = len(tasks) + 1 + with_gain
-    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.2))
+    k_tasks = list(next((agg["pass_at_k"] for agg in result["arms"].values() if "pass_at_k" in agg), {}))
+    panels = len(tasks) + 1 + with_gain + len(k_tasks)
+    cols = min(panels, 4)
+    rows = -(-panels // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(5 * cols, 4.2 * rows), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[panels:]:
+        ax.set_visible(False)
     keys = ["reward", *[f"task/{t}/reward" for t in tasks]]
     titles = ["both tasks", *tasks]
     for ax, key, title in zip(axes, keys, titles):
@@ -224,8 +293,27 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.sharey(axes[0])
     axes[0].set_ylabel(f"reward (mean ± std over {result['params']['seeds']} seeds)")
     axes[0].legend()
+    for ax, task in zip(axes[len(keys):], k_tasks):  # pass@k of each trained policy, and of the SFT model
+        for arm, agg in result["arms"].items():
+            by_k = agg["pass_at_k"][task]
+            ks = [int(k) for k in by_k]
+            ax.errorbar(ks, [v["mean"] for v in by_k.values()], yerr=[v["std"] for v in by_k.values()], marker="o",
+                        capsize=3, label=arm)
+        sft = (result.get("sft_pass_at_k") or {}).get(task)
+        if sft:
+            ax.plot([int(k) for k in sft], list(sft.values()), "k--", marker="x", label="SFT model")
+        again = ((result.get("sft_resample") or {}).get(task) or {}).get("pass_at_k")
+        if again:
+            ax.plot([int(k) for k in again], list(again.values()), ":", color="gray", marker="x",
+                    label="SFT model, sampled again")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("k (held-out tries per problem)")
+        ax.set_ylabel("pass@k (mean ± std over seeds)")
+        ax.set_title(f"pass@k: {task}")
+        ax.grid(alpha=0.3)
+        ax.legend()
     if with_gain:
-        ax = axes[-1]
+        ax = axes[len(keys) + len(k_tasks)]
         arms = [a for a, agg in result["arms"].items() if "heldout_gain" in agg]
         names = list(result["arms"][arms[0]]["heldout_gain"])
         width = 0.8 / len(arms)
@@ -261,6 +349,8 @@ def main() -> int:
                         help="tasks[].reward_scale of a task (calc-short or calc-long); default: the study's")
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None, help="training steps per run")
+    parser.add_argument("--eval-repeats", type=int, default=None,
+                        help="held-out repeats per problem, for pass@k (default: the study's, else 1; --quick: 2 at most)")
     args = parser.parse_args()
     require_plotting()
     size = dict(SIZES["quick" if args.quick else "full"])
@@ -268,6 +358,8 @@ def main() -> int:
     size["seeds"] = args.seeds or size["seeds"]
     size["total_steps"] = args.steps or size["total_steps"]
     study = STUDIES[args.study]
+    params["eval_repeats"] = args.eval_repeats or (min(2, study.get("eval_repeats", 1)) if args.quick
+                                                   else study.get("eval_repeats", 1))
     stem = study["stem"] + ("_quick" if args.quick else "")
     work = Path(args.work) if args.work else ROOT / "runs" / stem
     out = Path(args.out) if args.out else RESULTS / f"{stem}.json"
@@ -296,11 +388,19 @@ def main() -> int:
         sft_model = prepared["model"]
     print(f"SFT model: {sft_model}", flush=True)
 
-    before = None
+    before = sft_k = None
     if size["eval"]:  # the SFT model's held-out success: each trained model's gain is measured from it
         ev = evaluate(sft_model, work / "eval_sft", params, config=CONFIG, tasks=eval_tasks)
         before = {t: s["success_mean"] for t, s in ev["tasks"].items()}
-        print(f"SFT model held-out: {before}", flush=True)
+        if params["eval_repeats"] > 1:
+            sft_k = {"pass_at_k": {t: s["pass_at_k"] for t, s in ev["tasks"].items()},
+                     "solved": solved_sets(work / "eval_sft")}
+            # the noise floor of "problems lost and gained": the SFT model against itself, sampled anew
+            again = evaluate(sft_model, work / "eval_sft_again", params, config=CONFIG, tasks=eval_tasks, seed=1)
+            sft_k["resample"] = resample_floor(sft_k["solved"], solved_sets(work / "eval_sft_again"),
+                                               {t: s["pass_at_k"] for t, s in again["tasks"].items()})
+            print(f"SFT model against itself (another sampling seed): {sft_k['resample']}", flush=True)
+        print(f"SFT model held-out: {before}" + (f", pass@k {sft_k['pass_at_k']}" if sft_k else ""), flush=True)
 
     arms = [a for a in (args.arms or study["arms"]).split(",") if a]
     unknown = [a for a in arms if a not in ARMS]
@@ -330,23 +430,30 @@ def main() -> int:
                 record["heldout"] = {t: s["success_mean"] for t, s in ev["tasks"].items()}
                 record["before"] = before
                 record["eval_s"] = ev["seconds"]
+                if params["eval_repeats"] > 1:
+                    record["pass_at_k"] = {t: s["pass_at_k"] for t, s in ev["tasks"].items()}
+                    record["solved"] = solved_sets(work / f"eval_{name}")
             results[arm].append(record)
             late = statistics.fmean(m["reward"] for m in metrics[-max(1, len(metrics) // 4):]) if metrics else float("nan")
             print(f"{arm} seed {seed}: {len(metrics)} steps in {r['seconds']:.0f} s, late training reward {late:.3f}, "
-                  f"held-out {record.get('heldout')}", flush=True)
+                  f"held-out {record.get('heldout')}" + (f", pass@k {record['pass_at_k']}" if "pass_at_k" in record else ""),
+                  flush=True)
 
     result = {
         "benchmark": "ablation",
         "study": args.study,
         "expected": study["expected"],
         "quick": args.quick,
-        "params": {**size, "arms": {a: ARMS[a] for a in arms}, "reward_scale": scales, "task_names": task_names, "eval_task_names": eval_names,
+        "params": {**size, "eval_repeats": params["eval_repeats"], "arms": {a: ARMS[a] for a in arms}, "reward_scale": scales, "task_names": task_names, "eval_task_names": eval_names,
                    "tasks": {t["name"]: {"split": t["split"], "problems": len(t["indices"])} for t in tasks},
                    "eval_tasks": {t["name"]: {"split": t["split"], "problems": len(t["indices"])} for t in eval_tasks},
                    "config": str(CONFIG.relative_to(ROOT)), "sft_model": sft_model, "sft": prepared and {
                        k: v for k, v in prepared.items() if k != "model"}},
         "heldout_before": before,
-        "arms": {arm: aggregate(runs, task_names, eval_names) for arm, runs in results.items()},
+        "sft_pass_at_k": sft_k and sft_k["pass_at_k"],
+        "sft_solved": sft_k and {t: len(v) for t, v in sft_k["solved"].items()},
+        "sft_resample": sft_k and sft_k["resample"],
+        "arms": {arm: aggregate(runs, task_names, eval_names, sft_k) for arm, runs in results.items()},
         "runs": results,
         "machine": machine(load_before),
         "wall_s": round(time.monotonic() - started, 1),
@@ -362,6 +469,11 @@ def main() -> int:
         weakest = agg.get("weakest_gain")
         print(f"  {arm:>16}: late training reward {late['reward']['mean']:.3f}±{late['reward']['std']:.3f}; held-out {held}"
               + (f"; gain {gain}; weakest {weakest['mean']:+.3f}±{weakest['std']:.3f}" if weakest else ""))
+        for task, by_k in agg.get("pass_at_k", {}).items():
+            lost, gained = agg.get("problems_lost", {}).get(task), agg.get("problems_gained", {}).get(task)
+            print(f"  {'':>16}  {task}: " + ", ".join(f"pass@{k} {v['mean']:.3f}±{v['std']:.3f}" for k, v in by_k.items())
+                  + (f"; problems lost {lost['mean']:.1f}±{lost['std']:.1f}, gained {gained['mean']:.1f}±{gained['std']:.1f}"
+                     if lost else ""))
     return 0
 
 

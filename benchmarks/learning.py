@@ -156,11 +156,13 @@ def prepare_model(work: Path, params: dict[str, Any], *, config: Path = CONFIG, 
 
 
 def evaluate(model: str, out: Path, params: dict[str, Any], *, config: Path = CONFIG,
-             tasks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """``agentrl eval`` of ``model`` on the held-out tasks; returns {task: summary} and the seconds."""
+             tasks: list[dict[str, Any]] | None = None, seed: int | None = None) -> dict[str, Any]:
+    """``agentrl eval`` of ``model`` on the held-out tasks; returns {task: summary} and the seconds.
+    ``seed``: the sampling seed (``run.seed``; default the config's)."""
     tasks = tasks or [{"env": "calc", "split": "test", "limit": params["eval_limit"]}]
+    seeded = {"run__seed": seed} if seed is not None else {}
     r = agentrl(["eval", str(config), "--out", str(out), *sets(model__path=model, eval__tasks=tasks,
-                                                                 eval__repeats=params["eval_repeats"])],
+                                                                 eval__repeats=params["eval_repeats"], **seeded)],
                 out.parent / "logs" / f"eval_{out.name}.log")
     summary = json.loads((out / "summary.json").read_text())["models"]["default"]
     return {"tasks": summary, "seconds": r["seconds"]}
