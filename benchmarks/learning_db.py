@@ -23,6 +23,7 @@ per-type counts on dev, and the per-step training reward as the learning curve.
     python benchmarks/learning_db.py                  # ~45-60 min on 2 shared cores (15 min of RL)
     python benchmarks/learning_db.py --budget-s 1800  # the 30 minutes of training
     python benchmarks/learning_db.py --quick          # a few minutes: the plumbing, no target
+    python benchmarks/learning_db.py --demo-repeats 4 --sft-epochs 4 --sft-only   # the warm-up alone, larger
 
 Writes ``benchmarks/results/learning_db.json`` (or ``learning_db_quick.json``) and a PNG
 beside it. The configuration is ``examples/learning/db.yaml``; this script sets paths, task
@@ -203,6 +204,11 @@ def main() -> int:
     parser.add_argument("--size", default=None, help="agentrl model init size (default tiny)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None, help="start from this `agentrl model init` model (default: build one)")
+    parser.add_argument("--demo-repeats", type=int, default=None,
+                        help="demonstrations per training question, each with its own injected errors (default 1)")
+    parser.add_argument("--sft-epochs", type=int, default=None, help="SFT epochs over the demonstrations (default 2)")
+    parser.add_argument("--sft-only", action="store_true",
+                        help="stop after evaluating the SFT model (a warm-up study: does more SFT reach nonzero success?)")
     args = parser.parse_args()
     require_plotting()
     params = dict(QUICK if args.quick else FULL)
@@ -210,6 +216,12 @@ def main() -> int:
         params["budget_s"] = args.budget_s
     if args.size is not None:
         params["size"] = args.size
+    for key in ("demo_repeats", "sft_epochs"):
+        value = getattr(args, key)
+        if value is not None:
+            if value < 1:
+                raise SystemExit(f"--{key.replace('_', '-')} {value}: must be at least 1")
+            params[key] = value
     work = Path(args.work) if args.work else ROOT / "runs" / ("learning_db_bench_quick" if args.quick else "learning_db_bench")
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else RESULTS / ("learning_db_quick.json" if args.quick else "learning_db.json")
@@ -225,6 +237,17 @@ def main() -> int:
           flush=True)
 
     lo, _ = params["heldout"]
+    if args.sft_only:
+        out = out.with_name(out.stem + "_sft.json") if not args.out else out
+        result = {"benchmark": "learning_db", "sft_only": True, "quick": args.quick,
+                  "params": {**params, "seed": args.seed, "config": str(CONFIG.relative_to(ROOT)),
+                             "eval_tasks": eval_tasks(params)},
+                  "sft": {k: v for k, v in prepared.items() if k != "model"}, "before": before,
+                  "machine": machine(load_before), "wall_s": round(time.monotonic() - started, 1)}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\nwrote {out} (--sft-only: no RL)")
+        return 0
     run = train(prepared["model"], work / "grpo", params, config=CONFIG,
                 extra={**params["overrides"], "run__seed": args.seed, "tasks": [{"env": "db", "split": "gen-train", "name": "gen-train",
                                                           "indices": list(range(0, lo))}]})
