@@ -216,9 +216,7 @@ def gains(runs: list[dict[str, Any]], eval_names: list[str]) -> dict[str, Any]:
         return {}
     per_task = {name: [r["heldout"][name] - r["before"][name] for r in with_before] for name in eval_names}
     weakest = [min(per_task[name][i] for name in eval_names) for i in range(len(with_before))]
-    return {"heldout_gain": {name: {"mean": mean_std(v)[0], "std": mean_std(v)[1], "per_seed": v}
-                             for name, v in per_task.items()},
-            "weakest_gain": {"mean": mean_std(weakest)[0], "std": mean_std(weakest)[1], "per_seed": weakest}}
+    return {"heldout_gain": {name: spread(v) for name, v in per_task.items()}, "weakest_gain": spread(weakest)}
 
 
 def solved_sets(eval_dir: Path) -> dict[str, list]:
@@ -233,11 +231,24 @@ def solved_sets(eval_dir: Path) -> dict[str, list]:
     return {task: sorted(indices) for task, indices in solved.items()}
 
 
+def lost_gained(before: list, after: list) -> tuple[int, int]:
+    """Problems solved ``before`` and not ``after``, and the other way round."""
+    return len(set(before) - set(after)), len(set(after) - set(before))
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """Mean, std and the values themselves (per seed)."""
+    mean, std = mean_std(values)
+    return {"mean": mean, "std": std, "per_seed": values}
+
+
 def resample_floor(first: dict[str, list], second: dict[str, list], pass_at_k: dict[str, Any]) -> dict[str, Any]:
     """Problems one evaluation of a model solved and another did not, both ways, and the second's pass@k."""
-    return {task: {"lost": len(set(first[task]) - set(second.get(task, []))),
-                   "gained": len(set(second.get(task, [])) - set(first[task])), "pass_at_k": pass_at_k.get(task)}
-            for task in first}
+    floor = {}
+    for task in first:
+        lost, gained = lost_gained(first[task], second.get(task, []))
+        floor[task] = {"lost": lost, "gained": gained, "pass_at_k": pass_at_k.get(task)}
+    return floor
 
 
 def pass_k(runs: list[dict[str, Any]], sft: dict[str, Any] | None, eval_names: list[str]) -> dict[str, Any]:
@@ -245,17 +256,14 @@ def pass_k(runs: list[dict[str, Any]], sft: dict[str, Any] | None, eval_names: l
     with_k = [r for r in runs if r.get("pass_at_k")]
     if not with_k:
         return {}
-    out: dict[str, Any] = {"pass_at_k": {}}
-    for name in eval_names:
-        ks = with_k[0]["pass_at_k"][name]
-        out["pass_at_k"][name] = {k: dict(zip(("mean", "std"), mean_std([r["pass_at_k"][name][k] for r in with_k])),
-                                          per_seed=[r["pass_at_k"][name][k] for r in with_k]) for k in ks}
+    out: dict[str, Any] = {"pass_at_k": {name: {k: spread([r["pass_at_k"][name][k] for r in with_k])
+                                                for k in with_k[0]["pass_at_k"][name]} for name in eval_names}}
     if sft and sft.get("solved"):
-        for key, diff in (("lost", lambda sft, run: sft - run), ("gained", lambda sft, run: run - sft)):
-            out[f"problems_{key}"] = {}
-            for name in eval_names:
-                counts = [len(diff(set(sft["solved"].get(name, [])), set(r["solved"].get(name, [])))) for r in with_k]
-                out[f"problems_{key}"][name] = {"mean": mean_std(counts)[0], "std": mean_std(counts)[1], "per_seed": counts}
+        out["problems_lost"], out["problems_gained"] = {}, {}
+        for name in eval_names:
+            counts = [lost_gained(sft["solved"].get(name, []), r["solved"].get(name, [])) for r in with_k]
+            out["problems_lost"][name] = spread([lost for lost, _ in counts])
+            out["problems_gained"][name] = spread([gained for _, gained in counts])
     return out
 
 
