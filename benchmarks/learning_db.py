@@ -24,6 +24,7 @@ per-type counts on dev, and the per-step training reward as the learning curve.
     python benchmarks/learning_db.py --budget-s 1800  # the issue's 30 minutes of training
     python benchmarks/learning_db.py --quick          # a few minutes: the plumbing, no target
     python benchmarks/learning_db.py --demo-repeats 4 --sft-epochs 4 --sft-only   # the warm-up alone, larger
+    python benchmarks/learning_db.py --rename-rounds 4 --sft-epochs 4   # demos under made-up table names
 
 Writes ``benchmarks/results/learning_db.json`` (or ``learning_db_quick.json``) and a PNG
 beside it. The configuration is ``examples/learning/db.yaml``; this script sets paths, task
@@ -58,13 +59,14 @@ CONFIG = ROOT / "examples" / "learning" / "db.yaml"
 TRAIN_TABLES_END = 346  # gen-train indices [0, 346): 44 tables; [346, 426): 10 tables held out
 
 FULL = {
-    "size": "tiny", "demo_limit": TRAIN_TABLES_END, "demo_repeats": 1, "error_rate": 0.3, "sft_epochs": 2,
+    "size": "tiny", "demo_limit": TRAIN_TABLES_END, "demo_repeats": 1, "rename_rounds": 0, "error_rate": 0.3,
+    "sft_epochs": 2,
     "dev_limit": None, "heldout": [TRAIN_TABLES_END, 426], "eval_repeats": 2,
     "total_steps": 300, "checkpoint_every": 5, "budget_s": 900.0, "n_samples": 8, "batch_size": 4,
     "overrides": {},
 }
 QUICK = {
-    "size": "tiny", "demo_limit": 12, "demo_repeats": 1, "error_rate": 0.3, "sft_epochs": 1,
+    "size": "tiny", "demo_limit": 12, "demo_repeats": 1, "rename_rounds": 0, "error_rate": 0.3, "sft_epochs": 1,
     "dev_limit": 3, "heldout": [TRAIN_TABLES_END, TRAIN_TABLES_END + 3], "eval_repeats": 2,
     "total_steps": 2, "checkpoint_every": 1, "budget_s": 600.0, "n_samples": 2, "batch_size": 2,
     # a model after 1 SFT step writes until the token limit in every turn: keep episodes short
@@ -81,11 +83,21 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
         timings["model_init_s"] = agentrl(["model", "init", "--out", str(model), "--size", params["size"],
                                            "--seed", str(seed)], work / "logs" / "model_init.log")["seconds"]
     demos = work / "demos.jsonl"
-    timings["demos_s"] = agentrl(["demos", "--env", "db", "--split", "gen-train", "--limit", str(params["demo_limit"]),
-                                  "--repeats", str(params["demo_repeats"]), "--error-rate", str(params["error_rate"]),
-                                  "--seed", str(seed), "--config", str(CONFIG), "--out", str(demos)],
-                                 work / "logs" / "demos.log")["seconds"]
-    records = [json.loads(line) for line in demos.read_text().splitlines() if line.strip()]
+    records = []
+    timings["demos_s"] = 0.0
+    # rename_rounds 0: the training tables under their own names; else one round per rename seed
+    for r in range(max(params["rename_rounds"], 1)):
+        config, part = CONFIG, work / f"demos_{r}.jsonl"
+        if params["rename_rounds"]:
+            config = work / f"demos_rename_{r}.yaml"
+            config.write_text(json.dumps(with_rename(CONFIG, r)))  # JSON is YAML
+        timings["demos_s"] += agentrl(["demos", "--env", "db", "--split", "gen-train", "--limit",
+                                       str(params["demo_limit"]), "--repeats", str(params["demo_repeats"]),
+                                       "--error-rate", str(params["error_rate"]), "--seed", str(seed * 1000 + r),
+                                       "--config", str(config), "--out", str(part)],
+                                      work / "logs" / f"demos_{r}.log")["seconds"]
+        records += [json.loads(line) for line in part.read_text().splitlines() if line.strip()]
+    demos.write_text("".join(json.dumps(d) + "\n" for d in records))
     slips = sum(1 for d in records if d["metrics"].get("sql_errors", 0) > 0 and d["reward"] >= 1.0)
     sft_model = work / "sft_model"
     timings["sft_s"] = agentrl(["sft", str(CONFIG), *sets(model__path=str(model), run__output_dir=str(work / "sft"),
@@ -97,6 +109,15 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
             "demo_success": sum(1 for d in records if d["reward"] >= 1.0) / max(len(records), 1),
             "demo_recovered_slips": slips, "sft_steps": len(metrics),
             "sft_final_nll": metrics[-1]["nll"] if metrics else None, "timings": timings}
+
+
+def with_rename(config: Path, rename_seed: int) -> dict[str, Any]:
+    """``config`` with ``environments.db.gen_train_rename_seed`` set: gen-train's tables under made-up names."""
+    import yaml
+
+    data = yaml.safe_load(config.read_text())
+    data.setdefault("environments", {}).setdefault("db", {})["gen_train_rename_seed"] = rename_seed
+    return data
 
 
 def eval_tasks(params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -207,6 +228,10 @@ def main() -> int:
     parser.add_argument("--demo-repeats", type=int, default=None,
                         help="demonstrations per training question, each with its own injected errors (default 1)")
     parser.add_argument("--sft-epochs", type=int, default=None, help="SFT epochs over the demonstrations (default 2)")
+    parser.add_argument("--rename-rounds", type=int, default=None,
+                        help="demonstrations in this many rounds, each with the training tables under new made-up "
+                             "names (environments.db.gen_train_rename_seed = round), and RL under yet other names "
+                             "(default 0: the tables' own names throughout)")
     parser.add_argument("--sft-only", action="store_true",
                         help="stop after evaluating the SFT model (a warm-up study: does more SFT reach nonzero success?)")
     args = parser.parse_args()
@@ -216,11 +241,12 @@ def main() -> int:
         params["budget_s"] = args.budget_s
     if args.size is not None:
         params["size"] = args.size
-    for key in ("demo_repeats", "sft_epochs"):
+    for key in ("demo_repeats", "sft_epochs", "rename_rounds"):
         value = getattr(args, key)
         if value is not None:
-            if value < 1:
-                raise SystemExit(f"--{key.replace('_', '-')} {value}: must be at least 1")
+            least = 0 if key == "rename_rounds" else 1
+            if value < least:
+                raise SystemExit(f"--{key.replace('_', '-')} {value}: must be at least {least}")
             params[key] = value
     work = Path(args.work) if args.work else ROOT / "runs" / ("learning_db_bench_quick" if args.quick else "learning_db_bench")
     work.mkdir(parents=True, exist_ok=True)
@@ -248,8 +274,9 @@ def main() -> int:
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"\nwrote {out} (--sft-only: no RL)")
         return 0
+    renamed = {"environments__db__gen_train_rename_seed": params["rename_rounds"]} if params["rename_rounds"] else {}
     run = train(prepared["model"], work / "grpo", params, config=CONFIG,
-                extra={**params["overrides"], "run__seed": args.seed, "tasks": [{"env": "db", "split": "gen-train", "name": "gen-train",
+                extra={**params["overrides"], **renamed, "run__seed": args.seed, "tasks": [{"env": "db", "split": "gen-train", "name": "gen-train",
                                                           "indices": list(range(0, lo))}]})
     add_shaping(run, work / "grpo")
     after = evaluate(run["model"], work / "eval_grpo", params)

@@ -62,6 +62,60 @@ def test_answers_come_from_executing_the_gold_sql():
         assert compare_results(str(rows), task.answer, task.kind), (task.index, rows, task.answer)
 
 
+def test_renamed_tables_keep_questions_and_answers():
+    dev, std = load_split("dev"), load_split("std")
+    plain = generate_records(dev, std)
+    renamed = generate_records(dev, std, rename_seed=0)
+    assert renamed == generate_records(dev, std, rename_seed=0)  # deterministic
+    assert len(renamed) == len(plain)
+    real = {t.tables[0].name.casefold() for t in (*dev, *std)}
+    names = [r["table"]["table_name"] for r in renamed]
+    assert not {n.casefold() for n in names} & real  # never a real table's name
+    assert len(set(names)) > 0.9 * len(names)  # a name per task, not per table
+    styles = {(" " in n, "_" in n, n.islower()) for n in names}
+    # dev's four styles: Title Words, snake_case, Title_Snake, CamelCase
+    assert styles == {(True, False, False), (False, True, True), (False, True, False), (False, False, False)}
+    for a, b in zip(plain, renamed, strict=True):
+        old, new = a["table"]["table_name"], b["table"]["table_name"]
+        assert b["table"]["table_info"] == a["table"]["table_info"] and b["type"] == a["type"]
+        # the same question, answer and hash under the new name
+        assert b["description"] == a["description"].replace(f"the {old} table", f"the {new} table")
+        assert b["add_description"] == a["add_description"].replace(f"table is {old},", f"table is {new},")
+        assert b.get("answer_md5") == a.get("answer_md5")
+        if "sql" in a:
+            assert b["label"] == a["label"] and b["sql"]["query"] == a["sql"]["query"].replace(f"`{old}`", f"`{new}`")
+        else:
+            assert b["label"] == [a["label"][0].replace(f"`{old}`", f"`{new}`")]
+    other = [r["table"]["table_name"] for r in generate_records(dev, std, rename_seed=1)]
+    assert sum(x == y for x, y in zip(names, other, strict=True)) < 0.05 * len(names)
+
+
+def test_oracle_solves_renamed_tasks_and_the_config_key_reaches_them(tmp_path):
+    from agentrl_core.config import load_config
+    from agentrl_core.registry import Registry
+
+    path = tmp_path / "db.yaml"
+    path.write_text("tasks: [{env: db, split: gen-train}]\nenvironments:\n  db: {gen_train_rename_seed: 7}\n")
+    registry = Registry()
+    config = load_config(str(path), registry=registry)
+    assert config.environment_config("db").gen_train_rename_seed == 7
+
+    async def main():
+        env = DBEnvironment(config.environment_config("db"))
+        plain = DBEnvironment()
+        rewards = []
+        for index in range(0, 426, 17):  # every kind, modifications included
+            task = env.task("gen-train", index)
+            assert task.tables[0].name != plain.task("gen-train", index).tables[0].name
+            assert f"`{task.tables[0].name}`" in task.gold_sql
+            rewards.append((await play_episode(env, "gen-train", index, env.oracle("gen-train", index))).reward)
+        await env.aclose()
+        await plain.aclose()
+        return rewards
+
+    assert anyio.run(main) == [1.0] * len(range(0, 426, 17))
+
+
 TRAIN_ROWS = [
     {"index": 0, "description": "What is the Score when the Team is Lions?", "label": ["21"],
      "create": {"database": "wikisql", "init": "wikisql_init.sql"},

@@ -49,6 +49,9 @@ class DBConfig:
     train_db_dir: str | None = None
     gen_train_per_table: int = field(default=8, validator=in_range(1, 20))
     gen_train_seed: int = 0
+    # When set, every gen-train task's table gets a made-up name of its own, drawn with this seed
+    # (the questions, rows and answers stay): a model cannot answer from memorized table names.
+    gen_train_rename_seed: int | None = None
     # MySQL: session databases and users are named <prefix><host>_<pid>_<time>_<n>.
     name_prefix: str = field(default="agrl_", validator=check(lambda v: re.fullmatch(r"[a-z][a-z0-9]{0,4}_", v) is not None, "must be 1-5 lowercase letters/digits (starting with a letter) and '_'"))
     # Leftovers of this host's dead processes are always swept; other hosts' after this age.

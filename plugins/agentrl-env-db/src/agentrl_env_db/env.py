@@ -64,12 +64,13 @@ TOOLS = [
 
 
 @functools.lru_cache(maxsize=4)
-def _shipped_tasks(data_dir: str | None, per_table: int, seed: int) -> dict[str, list[DBTask]]:
+def _shipped_tasks(data_dir: str | None, per_table: int, seed: int, rename_seed: int | None) -> dict[str, list[DBTask]]:
     """std, dev and gen-train (tasks are frozen, so environments of one process share them)."""
     from agentrl_env_db.gen import generate
 
     loaded = {split: tasks_mod.load_split(split, data_dir) for split in ("std", "dev")}
-    loaded["gen-train"] = generate(loaded["dev"], loaded["std"], per_table=per_table, seed=seed)
+    loaded["gen-train"] = generate(loaded["dev"], loaded["std"], per_table=per_table, seed=seed,
+                                   rename_seed=rename_seed)
     return loaded
 
 
@@ -216,7 +217,7 @@ class DBEnvironment(Environment):
     @cached_property
     def _tasks(self) -> dict[str, list[DBTask]]:
         c = self.config
-        loaded = dict(_shipped_tasks(c.data_dir, c.gen_train_per_table, c.gen_train_seed))
+        loaded = dict(_shipped_tasks(c.data_dir, c.gen_train_per_table, c.gen_train_seed, c.gen_train_rename_seed))
         if c.train_file:
             loaded["train"] = tasks_mod.load_train(c.train_file, c.train_db_dir)
         return loaded

@@ -16,6 +16,13 @@ only, also under MySQL's case- and accent-insensitive collations; numeric work u
 columns whose every cell is a plain decimal number (``col + 0`` compares them as numbers
 on both engines); values with quotes or backslashes are never used.
 
+With ``rename_seed`` (config ``gen_train_rename_seed``) every task's table gets a made-up name
+of its own, drawn with that seed in the styles of dev's names (``Harbor Festival Results``,
+``chess_club_roster``, ``Volcano_Survey``, ``RegionalBirdCensus``); the questions, rows, answers
+and hashes stay those of the source table. A model trained on the training tables' own names
+can write them from memory instead of reading the question; under new names per task and per
+seed, only reading works. A made-up name never equals a ``std`` or ``dev`` table's name.
+
 ``python -m agentrl_env_db.gen --out tasks.jsonl`` writes the set in upstream's format.
 """
 
@@ -29,6 +36,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
+
 from agentrl_env_db.scoring import table_hash
 from agentrl_env_db.sqlite_backend import connect_memory, load_tables
 from agentrl_env_db.sqlite_compat import fold
@@ -40,6 +49,44 @@ _NUMBER = re.compile(r"-?\d+(\.\d+)?")
 SLOTS = ("other", "INSERT", "UPDATE", "numeric", "counting", "DELETE", "UPDATE", "INSERT",
          "numeric", "other", "DELETE", "numeric", "counting", "UPDATE", "INSERT", "other",
          "numeric", "DELETE", "counting", "numeric")
+
+
+# Made-up table names: [topic] [qualifier] subject, in one of dev's four styles.
+_TOPICS = (
+    "Harbor", "Chess", "Cricket", "Hockey", "Tennis", "Rowing", "Cycling", "Boxing", "Marathon", "Volcano",
+    "Island", "Lake", "Castle", "Bridge", "Railway", "Airport", "Library", "Museum", "Hospital", "Election",
+    "Album", "Novel", "Opera", "Theatre", "Painting", "Satellite", "Comet", "Rocket", "Mineral", "Bird",
+    "Orchard", "Garden", "Festival", "Vineyard", "Lighthouse", "Canal", "Glacier", "Desert", "Forest", "Reef",
+    "Tram", "Ferry", "Bakery", "Brewery", "Pottery", "Sculpture", "Choir", "Ballet", "Circus", "Rodeo",
+    "Sailing", "Archery", "Fencing", "Curling", "Skiing", "Surfing", "Polo", "Lacrosse", "Netball", "Judo",
+)
+_QUALIFIERS = (
+    "", "", "", "Club", "League", "Season", "World", "National", "Regional", "Annual", "City", "County",
+    "Junior", "Senior", "Summer", "Winter", "Open", "Cup", "1998", "2004", "2011",
+)
+_SUBJECTS = (
+    "Results", "Records", "Standings", "Statistics", "Scores", "History", "Winners", "Rankings", "Inventory",
+    "Table", "Data", "List", "Schedule", "Details", "Members", "Performance", "Attendance", "Achievements",
+    "Champions", "Episodes", "Incidents", "Overview", "Registry", "Log", "Catalog", "Roster", "Census",
+    "Survey", "Entries", "Fixtures",
+)
+
+
+def made_up_name(rng: random.Random, taken: set[str]) -> str:
+    """A table name in one of dev's styles whose case-folded form is not in ``taken``."""
+    while True:
+        words = [w for w in (rng.choice(_TOPICS), rng.choice(_QUALIFIERS), rng.choice(_SUBJECTS)) if w]
+        style = rng.randrange(4)
+        if style == 0:
+            name = " ".join(words)  # Harbor Festival Results
+        elif style == 1:
+            name = "_".join(w.lower() for w in words)  # chess_club_roster
+        elif style == 2:
+            name = "_".join(words)  # Volcano_Survey
+        else:
+            name = "".join(words)  # RegionalBirdCensus
+        if name.casefold() not in taken:
+            return name
 
 
 def safe(value: str) -> bool:
@@ -271,8 +318,7 @@ def _execute(table: Table, sql: str) -> list[tuple[Any, ...]] | str:
         conn.close()
 
 
-def _record(source: DBTask, kind: str, question: str, sql: str, result: Any) -> dict[str, Any] | None:
-    (table,) = source.tables
+def _record(source: DBTask, table: Table, kind: str, question: str, sql: str, result: Any) -> dict[str, Any] | None:
     record: dict[str, Any] = {
         "description": question,
         "create": {"database": "gen-train", "init": ""},
@@ -302,28 +348,35 @@ def _record(source: DBTask, kind: str, question: str, sql: str, result: Any) -> 
     return record
 
 
-def generate_records(dev: Sequence[DBTask], std: Sequence[DBTask], *, per_table: int = 8, seed: int = 0) -> list[dict]:
+def generate_records(dev: Sequence[DBTask], std: Sequence[DBTask], *, per_table: int = 8, seed: int = 0,
+                     rename_seed: int | None = None) -> list[dict]:
+    """The set's records; with ``rename_seed``, each task's table under a made-up name of its own."""
+    taken = {table.name.casefold() for task in (*dev, *std) for table in task.tables}
+    names = random.Random(f"{SPLIT}/{seed}/names/{rename_seed}")
     records = []
     for source in usable_tables(dev, std):
         rng = random.Random(f"{SPLIT}/{seed}/dev/{source.index}")
         gen = _TableGen(source.tables[0], rng)
         seen: set[str] = set()
         for slot in SLOTS[:per_table]:
+            if rename_seed is not None:  # the same rows, columns and draws; only the name differs
+                gen.table = attrs.evolve(source.tables[0], name=made_up_name(names, taken))
             made = gen.make(slot)
             if made is None:
                 continue
             kind, question, sql = made
             if question in seen:
                 continue
-            record = _record(source, kind, question, sql, _execute(source.tables[0], sql))
+            record = _record(source, gen.table, kind, question, sql, _execute(gen.table, sql))
             if record is not None:
                 seen.add(question)
                 records.append(record)
     return records
 
 
-def generate(dev: Sequence[DBTask], std: Sequence[DBTask], *, per_table: int = 8, seed: int = 0) -> list[DBTask]:
-    records = generate_records(dev, std, per_table=per_table, seed=seed)
+def generate(dev: Sequence[DBTask], std: Sequence[DBTask], *, per_table: int = 8, seed: int = 0,
+             rename_seed: int | None = None) -> list[DBTask]:
+    records = generate_records(dev, std, per_table=per_table, seed=seed, rename_seed=rename_seed)
     return [task_from_record(r, SPLIT, i) for i, r in enumerate(records)]
 
 
@@ -334,8 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--per-table", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rename-seed", type=int, default=None, help="give every task's table a made-up name (this seed)")
     args = p.parse_args(argv)
-    records = generate_records(load_split("dev"), load_split("std"), per_table=args.per_table, seed=args.seed)
+    records = generate_records(load_split("dev"), load_split("std"), per_table=args.per_table, seed=args.seed,
+                               rename_seed=args.rename_seed)
     with open(args.out, "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
