@@ -39,7 +39,7 @@ import os
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,54 @@ def dev_kinds() -> dict[str, str]:
     return {str(i): env.task("dev", i).kind for i in env.index_sets()["dev"]}
 
 
+def sql_queries(messages: list[dict[str, Any]]) -> list[str]:
+    """The ``execute_sql`` queries of an episode's assistant turns."""
+    queries = []
+    for m in messages:
+        if m.get("role") != "assistant":
+            continue
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    continue
+            if fn.get("name") == "execute_sql" and isinstance(args, dict) and isinstance(args.get("query"), str):
+                queries.append(args["query"])
+    return queries
+
+
+def table_names(episodes: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per evaluation task, which table the model's SQL names: the question's own, one of the
+    training tables (written from memory), or neither; and the share of episodes with no SQL."""
+    from agentrl_env_db.env import DBEnvironment
+
+    env = DBEnvironment()
+    training = {env.task("gen-train", i).tables[0].name.casefold() for i in range(params["heldout"][0])}
+    split = {"dev": "dev", "gen-heldout": "gen-train"}
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for e in episodes:
+        if e["task"] not in split or e["status"] == "task error":
+            continue
+        own = env.task(split[e["task"]], e["index"]).tables[0].name.casefold()
+        text = " ".join(sql_queries(e["messages"])).casefold()
+        c = counts[e["task"]]
+        c["episodes"] += 1
+        if not text:
+            c["no_sql"] += 1
+        elif own in text:
+            c["own_table"] += 1
+        elif any(name in text for name in training):
+            c["training_table"] += 1
+        else:
+            c["other_name"] += 1
+    return {task: {"episodes": c["episodes"], **{k: c[k] / max(c["episodes"], 1)
+                                                 for k in ("own_table", "training_table", "other_name", "no_sql")}}
+            for task, c in sorted(counts.items())}
+
+
 def evaluate(model: str, out: Path, params: dict[str, Any]) -> dict[str, Any]:
     """``agentrl eval`` on dev and gen-heldout; success per task as mean and spread over repeats."""
     r = agentrl(["eval", str(CONFIG), "--out", str(out), *sets(model__path=model, eval__tasks=eval_tasks(params),
@@ -145,11 +193,10 @@ def evaluate(model: str, out: Path, params: dict[str, Any]) -> dict[str, Any]:
     summary = json.loads((out / "summary.json").read_text())["models"]["default"]
     kinds = dev_kinds()
     by_kind: dict[str, list[float]] = defaultdict(list)
-    for line in (out / "trajectories.jsonl").read_text().splitlines():
-        if line.strip():
-            episode = json.loads(line)
-            if episode["task"] == "dev" and episode["status"] != "task error":
-                by_kind[kinds[str(episode["index"])]].append(float(episode["reward"]))
+    episodes = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines() if line.strip()]
+    for episode in episodes:
+        if episode["task"] == "dev" and episode["status"] != "task error":
+            by_kind[kinds[str(episode["index"])]].append(float(episode["reward"]))
     tasks = {}
     for name, s in summary.items():
         per_repeat = s.get("per_repeat_success") or [s["success_mean"]]
@@ -159,7 +206,8 @@ def evaluate(model: str, out: Path, params: dict[str, Any]) -> dict[str, Any]:
                        "turns_mean": s.get("turns_mean"), "statuses": s.get("statuses"),
                        "completed": (s.get("statuses") or {}).get("completed", 0) / max(s["episodes"], 1)}
     return {"tasks": tasks, "dev_by_type": {k: {"episodes": len(v), "success": sum(v) / len(v)}
-                                            for k, v in sorted(by_kind.items())}, "seconds": r["seconds"]}
+                                            for k, v in sorted(by_kind.items())},
+            "sql_tables": table_names(episodes, params), "seconds": r["seconds"]}
 
 
 def add_shaping(run: dict[str, Any], run_dir: Path) -> None:
