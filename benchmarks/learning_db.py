@@ -59,56 +59,100 @@ CONFIG = ROOT / "examples" / "learning" / "db.yaml"
 TRAIN_TABLES_END = 346  # gen-train indices [0, 346): 44 tables; [346, 426): 10 tables held out
 
 FULL = {
-    "size": "tiny", "demo_limit": TRAIN_TABLES_END, "demo_repeats": 1, "rename_rounds": 0, "error_rate": 0.3,
-    "sft_epochs": 2,
+    "size": "tiny", "demo_limit": TRAIN_TABLES_END, "demo_repeats": 1, "rename_rounds": 0, "copy_rounds": 0,
+    "copy_epochs": 2, "error_rate": 0.3, "sft_epochs": 2,
     "dev_limit": None, "heldout": [TRAIN_TABLES_END, 426], "eval_repeats": 2,
     "total_steps": 300, "checkpoint_every": 5, "budget_s": 900.0, "n_samples": 8, "batch_size": 4,
     "overrides": {},
 }
 QUICK = {
-    "size": "tiny", "demo_limit": 12, "demo_repeats": 1, "rename_rounds": 0, "error_rate": 0.3, "sft_epochs": 1,
+    "size": "tiny", "demo_limit": 12, "demo_repeats": 1, "rename_rounds": 0, "copy_rounds": 0, "copy_epochs": 1,
+    "error_rate": 0.3, "sft_epochs": 1,
     "dev_limit": 3, "heldout": [TRAIN_TABLES_END, TRAIN_TABLES_END + 3], "eval_repeats": 2,
     "total_steps": 2, "checkpoint_every": 1, "budget_s": 600.0, "n_samples": 2, "batch_size": 2,
     # a model after 1 SFT step writes until the token limit in every turn: keep episodes short
     "overrides": {"rollout__max_new_tokens": 48, "rollout__max_turns": 2, "environments__db__max_rounds": 2},
 }
 TARGET_IMPROVEMENT = 0.15  # issue 31: +15 points held-out on dev
+COPY_RENAME_BASE = 100  # the copy stage's rename seeds (100, 101, ...): other names than the main demos'
+MODIFY_KINDS = ("INSERT", "UPDATE", "DELETE")
+
+
+def make_demos(work: Path, params: dict[str, Any], *, seed: int, tag: str, rounds: int, rename_base: int | None,
+               error_rate: float) -> list[dict[str, Any]]:
+    """``agentrl demos`` on the training tables, ``rounds`` times; with ``rename_base``, round ``r``
+    under the made-up table names of rename seed ``rename_base + r``. The records, in order."""
+    records = []
+    for r in range(rounds):
+        config, part = CONFIG, work / f"{tag}_{r}.jsonl"
+        if rename_base is not None:
+            config = work / f"{tag}_rename_{r}.yaml"
+            config.write_text(json.dumps(with_rename(CONFIG, rename_base + r)))  # JSON is YAML
+        agentrl(["demos", "--env", "db", "--split", "gen-train", "--limit", str(params["demo_limit"]),
+                 "--repeats", str(params["demo_repeats"]), "--error-rate", str(error_rate),
+                 "--seed", str(seed * 1000 + (rename_base or 0) + r), "--config", str(config), "--out", str(part)],
+                work / "logs" / f"{tag}_{r}.log")
+        records += [json.loads(line) for line in part.read_text().splitlines() if line.strip()]
+    return records
+
+
+def sft(work: Path, records: list[dict[str, Any]], *, demos: Path, model: Path, tag: str,
+        epochs: int, seed: int) -> tuple[Path, list[dict[str, Any]], float]:
+    """``agentrl sft`` on ``records`` (written to ``demos``): the model ``<tag>_model``, the per-step
+    metrics and the seconds."""
+    out = work / f"{tag}_model"
+    demos.write_text("".join(json.dumps(d) + "\n" for d in records))
+    seconds = agentrl(["sft", str(CONFIG), *sets(model__path=str(model), run__output_dir=str(work / tag),
+                                                  sft__data=[str(demos)], sft__output_dir=str(out),
+                                                  sft__epochs=epochs, run__seed=seed)],
+                      work / "logs" / f"{tag}.log")["seconds"]
+    metrics = [json.loads(line) for line in (work / tag / "sft_metrics.jsonl").read_text().splitlines() if line.strip()]
+    return out, metrics, seconds
 
 
 def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None) -> dict[str, Any]:
-    """Model init (unless given), DB demonstrations with mistakes and slips, SFT."""
+    """Model init (unless given), an optional copy stage, DB demonstrations with mistakes and slips, SFT."""
     timings: dict[str, float] = {}
     if model is None:
         model = work / "model"
         timings["model_init_s"] = agentrl(["model", "init", "--out", str(model), "--size", params["size"],
                                            "--seed", str(seed)], work / "logs" / "model_init.log")["seconds"]
-    demos = work / "demos.jsonl"
-    records = []
-    timings["demos_s"] = 0.0
-    # rename_rounds 0: the training tables under their own names; else one round per rename seed
-    for r in range(max(params["rename_rounds"], 1)):
-        config, part = CONFIG, work / f"demos_{r}.jsonl"
-        if params["rename_rounds"]:
-            config = work / f"demos_rename_{r}.yaml"
-            config.write_text(json.dumps(with_rename(CONFIG, r)))  # JSON is YAML
-        timings["demos_s"] += agentrl(["demos", "--env", "db", "--split", "gen-train", "--limit",
-                                       str(params["demo_limit"]), "--repeats", str(params["demo_repeats"]),
-                                       "--error-rate", str(params["error_rate"]), "--seed", str(seed * 1000 + r),
-                                       "--config", str(config), "--out", str(part)],
-                                      work / "logs" / f"demos_{r}.log")["seconds"]
-        records += [json.loads(line) for line in part.read_text().splitlines() if line.strip()]
-    demos.write_text("".join(json.dumps(d) + "\n" for d in records))
+    copy = None
+    if params["copy_rounds"]:
+        # Stage 1: the question (SELECT) tasks only, under new made-up names every round, no mistakes:
+        # every name in the SQL is copied from the question, so only copying fits the data.
+        t0 = time.monotonic()
+        env_tasks = gen_train_kinds(params["demo_limit"])
+        records = [d for d in make_demos(work, params, seed=seed, tag="copy_demos", rounds=params["copy_rounds"],
+                                         rename_base=COPY_RENAME_BASE, error_rate=0.0)
+                   if env_tasks[int(d["index"])] not in MODIFY_KINDS]
+        timings["copy_demos_s"] = time.monotonic() - t0
+        model, metrics, timings["copy_sft_s"] = sft(work, records, demos=work / "copy_demos.jsonl",
+                                                    model=model, tag="copy_sft",
+                                                    epochs=params["copy_epochs"], seed=seed)
+        copy = {"demos": len(records), "sft_steps": len(metrics), "sft_final_nll": metrics[-1]["nll"] if metrics else None}
+        print(f"copy stage: {copy['demos']} question demonstrations under made-up names, {copy['sft_steps']} SFT "
+              f"steps, final nll {copy['sft_final_nll']:.3f}", flush=True)
+    t0 = time.monotonic()
+    # rename_rounds 0: the training tables under their own names; else one round per rename seed 0, 1, ...
+    records = make_demos(work, params, seed=seed, tag="demos", rounds=max(params["rename_rounds"], 1),
+                         rename_base=0 if params["rename_rounds"] else None, error_rate=params["error_rate"])
+    timings["demos_s"] = time.monotonic() - t0
     slips = sum(1 for d in records if d["metrics"].get("sql_errors", 0) > 0 and d["reward"] >= 1.0)
-    sft_model = work / "sft_model"
-    timings["sft_s"] = agentrl(["sft", str(CONFIG), *sets(model__path=str(model), run__output_dir=str(work / "sft"),
-                                                          sft__data=[str(demos)], sft__output_dir=str(sft_model),
-                                                          sft__epochs=params["sft_epochs"], run__seed=seed)],
-                               work / "logs" / "sft.log")["seconds"]
-    metrics = [json.loads(line) for line in (work / "sft" / "sft_metrics.jsonl").read_text().splitlines() if line.strip()]
+    sft_model, metrics, timings["sft_s"] = sft(work, records, demos=work / "demos.jsonl", model=model, tag="sft",
+                                               epochs=params["sft_epochs"], seed=seed)
     return {"model": str(sft_model), "demos": len(records),
             "demo_success": sum(1 for d in records if d["reward"] >= 1.0) / max(len(records), 1),
             "demo_recovered_slips": slips, "sft_steps": len(metrics),
-            "sft_final_nll": metrics[-1]["nll"] if metrics else None, "timings": timings}
+            "sft_final_nll": metrics[-1]["nll"] if metrics else None, "copy_stage": copy, "timings": timings}
+
+
+def gen_train_kinds(limit: int) -> dict[int, str]:
+    """gen-train index -> question kind, for the first ``limit`` indices."""
+    from agentrl_env_db.env import DBEnvironment
+
+    env = DBEnvironment()
+    return {i: env.task("gen-train", i).kind for i in range(limit)}
 
 
 def with_rename(config: Path, rename_seed: int) -> dict[str, Any]:
@@ -280,6 +324,11 @@ def main() -> int:
                         help="demonstrations in this many rounds, each with the training tables under new made-up "
                              "names (environments.db.gen_train_rename_seed = round), and RL under yet other names "
                              "(default 0: the tables' own names throughout)")
+    parser.add_argument("--copy-rounds", type=int, default=None,
+                        help="first an SFT stage on the question (SELECT) tasks alone, without mistakes, in this many "
+                             "rounds of made-up table names (rename seeds 100, 101, ...): every name in the SQL is "
+                             "copied from the question (default 0: no such stage)")
+    parser.add_argument("--copy-epochs", type=int, default=None, help="epochs of the copy stage (default 2)")
     parser.add_argument("--sft-only", action="store_true",
                         help="stop after evaluating the SFT model (a warm-up study: does more SFT reach nonzero success?)")
     args = parser.parse_args()
@@ -289,10 +338,10 @@ def main() -> int:
         params["budget_s"] = args.budget_s
     if args.size is not None:
         params["size"] = args.size
-    for key in ("demo_repeats", "sft_epochs", "rename_rounds"):
+    for key in ("demo_repeats", "sft_epochs", "rename_rounds", "copy_rounds", "copy_epochs"):
         value = getattr(args, key)
         if value is not None:
-            least = 0 if key == "rename_rounds" else 1
+            least = 0 if key in ("rename_rounds", "copy_rounds") else 1
             if value < least:
                 raise SystemExit(f"--{key.replace('_', '-')} {value}: must be at least {least}")
             params[key] = value

@@ -5,7 +5,10 @@
 on dev and the held-out gen-train tables -> ``agentrl train`` on the training tables (Ray,
 embedded control plane, hf engine, FSDP2 learner) -> ``agentrl eval``, and writes its JSON and
 PNG. This test checks that every stage ran on the tasks it names and that the numbers recorded
-are the ones the evaluations and the training run produced.
+are the ones the evaluations and the training run produced. It runs with ``--copy-rounds 1
+--rename-rounds 2``: a copy stage on the question tasks under made-up table names, then two
+rounds of demonstrations, each with the training tables under other made-up names, and RL
+under yet other names.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ def test_quick_db_learning_benchmark_runs_every_stage(tmp_path, tiny_model_dir):
     out = tmp_path / "learning_db_quick.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "learning_db.py"), "--quick", "--work", str(tmp_path / "work"),
-         "--out", str(out), "--model", str(tiny_model_dir)],
+         "--out", str(out), "--model", str(tiny_model_dir), "--rename-rounds", "2",
+         "--copy-rounds", "1"],
         capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -36,7 +40,24 @@ def test_quick_db_learning_benchmark_runs_every_stage(tmp_path, tiny_model_dir):
     params = result["params"]
 
     sft = result["sft"]
-    assert sft["demos"] == params["demo_limit"] and 0 < sft["demo_success"] < 1  # a mix of right and wrong
+    assert params["rename_rounds"] == 2 and params["copy_rounds"] == 1
+    copy = sft["copy_stage"]  # the question tasks only, without mistakes
+    assert 0 < copy["demos"] < params["demo_limit"] and copy["sft_steps"] >= 1
+    copied = [json.loads(line) for line in (tmp_path / "work" / "copy_demos.jsonl").read_text().splitlines()]
+    assert len(copied) == copy["demos"] and all(d["reward"] == 1.0 and d["metrics"]["sql_errors"] == 0 for d in copied)
+    assert all(" table is " in d["messages"][1]["content"] for d in copied)
+    assert all('"SELECT ' in d["messages"][2]["tool_calls"][0]["function"]["arguments"] for d in copied)
+    assert sft["demos"] == 2 * params["demo_limit"] and 0 < sft["demo_success"] < 1  # a mix of right and wrong
+    # each round's demonstrations name other made-up tables, never the source tables' own names
+    from agentrl_env_db.env import DBEnvironment
+
+    own = {DBEnvironment().task("gen-train", i).tables[0].name for i in range(params["demo_limit"])}
+    prompts = [[m["content"] for m in json.loads(line)["messages"] if m["role"] == "user"][0]
+               for line in (tmp_path / "work" / "demos.jsonl").read_text().splitlines()]
+    named = [p.split("The name of this table is ", 1)[1].split(", and the headers")[0] for p in prompts]
+    assert len(named) == 2 * params["demo_limit"] and not set(named) & own
+    first, second = named[: params["demo_limit"]], named[params["demo_limit"]:]
+    assert sum(a == b for a, b in zip(first, second, strict=True)) <= 1
     assert sft["sft_steps"] >= 1 and sft["sft_final_nll"] > 0
     for ev in (result["before"], result["after"]):
         assert set(ev["tasks"]) == {"dev", "gen-heldout"}
@@ -59,4 +80,5 @@ def test_quick_db_learning_benchmark_runs_every_stage(tmp_path, tiny_model_dir):
     trained = config["tasks"]
     assert trained[0]["env"] == "db" and trained[0]["split"] == "gen-train"
     assert max(trained[0]["indices"]) < params["heldout"][0]  # the held-out tables are never trained on
+    assert config["environments"]["db"]["gen_train_rename_seed"] == 2  # RL under names no round used
     assert result["passed"] is None  # --quick checks the plumbing, never claims the target
