@@ -25,6 +25,7 @@ per-type counts on dev, and the per-step training reward as the learning curve.
     python benchmarks/learning_db.py --quick          # a few minutes: the plumbing, no target
     python benchmarks/learning_db.py --demo-repeats 4 --sft-epochs 4 --sft-only   # the warm-up alone, larger
     python benchmarks/learning_db.py --rename-rounds 4 --sft-epochs 4   # demos under made-up table names
+    python benchmarks/learning_db.py --copy-rounds 8 --rename-rounds 4 --sft-epochs 4   # + a copy stage first
 
 Writes ``benchmarks/results/learning_db.json`` (or ``learning_db_quick.json``) and a PNG
 beside it. The configuration is ``examples/learning/db.yaml``; this script sets paths, task
