@@ -22,6 +22,7 @@ from agentrl_core.rollout.engine_client import EngineClient, EngineError
 pytestmark = [needs_vllm, pytest.mark.vllm, pytest.mark.processes]
 
 RANK, ALPHA = 8, 16.0
+LONG = 30_000  # a request that outlasts the checks made while it runs (see test_engine.LONG)
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -30,7 +31,7 @@ def engine(tiny_model_dir, tmp_path_factory):
     from agentrl_engine_vllm.driver import VLLMDriver
 
     config = EngineConfig(driver="vllm", device="cpu",
-                          options={"vllm": {"dtype": "float32", "max_model_len": 4096, "max_num_seqs": 8,
+                          options={"vllm": {"dtype": "float32", "max_model_len": LONG + 8, "max_num_seqs": 8,
                                             "max_loras": 2}})
     model = ModelConfig(lora=LoraConfig(enabled=True, rank=RANK, alpha=ALPHA, target_modules=list(MODULES)))
     with VLLMDriver(engine=config, model=model, log_dir=str(tmp_path_factory.mktemp("vllm-lora-logs"))) as driver:
@@ -107,7 +108,7 @@ def test_adapters_serve_by_version_and_a_running_request_keeps_its_own(engine, t
             out["base"] = await plain.generate(prompt, {**params, "max_new_tokens": 24, "sampling_seed": 1})
 
             async def long_request():
-                out["long"] = await client.generate(prompt, {**params, "max_new_tokens": 4000, "sampling_seed": 2},
+                out["long"] = await client.generate(prompt, {**params, "max_new_tokens": LONG, "sampling_seed": 2},
                                                     rid="long-one")
 
             async with anyio.create_task_group() as tg:
@@ -125,7 +126,7 @@ def test_adapters_serve_by_version_and_a_running_request_keeps_its_own(engine, t
                 out["busy_status"] = info.value.status
                 out["v2"] = await client.generate(prompt, {**params, "max_new_tokens": 24, "sampling_seed": 3})
                 out["still_running"] = (await plain.server_info())["in_flight"]
-                await client.abort_request("long-one")  # 4,000 tokens: it outlasts the checks on any machine
+                await client.abort_request("long-one")
             await client.unload_lora_adapter("policy@v1")
             out["info"] = await client.model_info()
         return out
@@ -136,7 +137,7 @@ def test_adapters_serve_by_version_and_a_running_request_keeps_its_own(engine, t
     assert out["v1"].versions == [1] * 24 and out["v2"].versions == [2] * 24
     assert out["base"].versions == [0] * 24
     long = out["long"]
-    assert long.finish_reason == "abort" and 20 < len(long.output_ids) < 4000  # many after v2 was loaded
+    assert long.finish_reason == "abort" and 20 < len(long.output_ids) < LONG  # many after v2 was loaded
     assert long.versions == [1] * len(long.output_ids)
     # every request's log-probs are those of its own merged weights, and not the other's
     for key, model, other in (("v1", v1, base), ("v2", v2, v1), ("long", v1, v2), ("base", base, v1)):
