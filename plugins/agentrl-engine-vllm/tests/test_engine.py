@@ -11,19 +11,13 @@ import threading
 import anyio
 import pytest
 import torch
-from conftest import needs_vllm, wait_until
+from conftest import LONG, needs_vllm, wait_until
 
 from agentrl_core.config import EngineConfig
 from agentrl_core.rollout.engine_client import EngineClient, EngineError, EnginePool
 from agentrl_core.train.weight_sync import DiskTransport, WeightSyncError, write_hf_checkpoint
 
 pytestmark = [needs_vllm, pytest.mark.vllm, pytest.mark.processes]
-
-# The length of a request that must still be running when the test aborts or pauses it. The test
-# sees it run by polling /metrics, and at load 3.5 its polling loop stalled for 10 s while vLLM CPU
-# generated 2,500 tokens; 4,000 tokens take about 16 s here, and once ran to their end before the
-# abort landed in CI. 30,000 leave about two minutes, and a broken abort fails in that time.
-LONG = 30_000
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import json
 import anyio
 import pytest
 import torch
-from conftest import needs_vllm, wait_until
+from conftest import LONG, needs_vllm, wait_until
 
 from agentrl_core.config import EngineConfig, LoraConfig, ModelConfig
 from agentrl_core.rollout.engine_client import EngineClient, EngineError
@@ -22,7 +22,6 @@ from agentrl_core.rollout.engine_client import EngineClient, EngineError
 pytestmark = [needs_vllm, pytest.mark.vllm, pytest.mark.processes]
 
 RANK, ALPHA = 8, 16.0
-LONG = 30_000  # a request that outlasts the checks made while it runs (see test_engine.LONG)
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
