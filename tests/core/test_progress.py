@@ -74,6 +74,31 @@ def test_torch_threads_are_the_cores_the_load_leaves_free():
     assert free_cores(list(range(8)), load=4.0, cpu_count=16) == 6
 
 
+def test_load_is_not_the_lagging_average_of_a_job_that_just_ended(tmp_path, monkeypatch):
+    from agentrl_core import cpu_threads
+
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("0.91 0.79 0.42 3/111 6151\n")  # 3 running, this reader among them
+    assert cpu_threads.runnable_now(samples=2, interval_s=0.0, path=str(loadavg)) == 2
+    loadavg.write_text("garbled\n")
+    assert cpu_threads.runnable_now(samples=1, path=str(loadavg)) is None
+    assert cpu_threads.runnable_now(samples=1, path=str(tmp_path / "missing")) is None
+
+    # the demos job just ended: the 1-minute average still says 0.9, nothing else runs now
+    monkeypatch.setattr(cpu_threads.os, "getloadavg", lambda: (0.9, 0.8, 0.4))
+    monkeypatch.setattr(cpu_threads, "runnable_now", lambda: 0)
+    assert cpu_threads.current_load() == 0.0
+    assert cpu_threads.free_cores([0, 1], cpu_count=2) == 2  # the 1-minute average alone gave 1
+    # another job keeps a core busy: both readings see it
+    monkeypatch.setattr(cpu_threads, "runnable_now", lambda: 1)
+    assert cpu_threads.current_load() == 0.9 and cpu_threads.free_cores([0, 1], cpu_count=2) == 1
+    # a burst of short processes right now: the average is the lesser
+    monkeypatch.setattr(cpu_threads, "runnable_now", lambda: 5)
+    assert cpu_threads.current_load() == 0.9
+    monkeypatch.setattr(cpu_threads, "runnable_now", lambda: None)  # no /proc: the average
+    assert cpu_threads.current_load() == 0.9
+
+
 def test_a_step_without_learning_signal_is_explained():
     from types import SimpleNamespace
 
