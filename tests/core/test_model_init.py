@@ -131,3 +131,28 @@ def test_tokenizer_corpus_data_dir_must_exist(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         corpus_sources(tmp_path / "missing")
+
+
+@pytest.mark.parametrize(("size", "millions"), [("tiny", "1.3"), ("mini", "5.8"), ("small", "27")])
+def test_sizes_have_the_documented_parameter_counts(size, millions):
+    # core/docs/engine.md's table and `agentrl model init --help` give these numbers
+    import torch
+
+    from agentrl_core.tinymodel.model import MODEL_SIZES
+
+    spec = dict(MODEL_SIZES[size])
+    spec.pop("vocab")
+    config = transformers.Qwen2Config(vocab_size=4120, tie_word_embeddings=True, **spec)
+    with torch.device("meta"):
+        model = transformers.Qwen2ForCausalLM(config)
+    assert f"{sum(p.numel() for p in model.parameters()) / 1e6:.2g}" == millions
+
+
+def test_cli_lists_every_size_and_refuses_others(tmp_path):
+    from agentrl_core.tinymodel.model import MODEL_SIZES
+
+    out = subprocess.run([sys.executable, "-m", "agentrl_core.cli.main", "model", "init", "--out", str(tmp_path / "m"),
+                          "--size", "huge"], capture_output=True, text=True)
+    assert out.returncode == 2 and "invalid choice: 'huge'" in out.stderr
+    assert all(f"'{size}'" in out.stderr for size in MODEL_SIZES)
+    assert not (tmp_path / "m").exists()

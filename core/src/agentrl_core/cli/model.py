@@ -6,11 +6,14 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from agentrl_core.tinymodel.model import MODEL_SIZES  # stdlib only at import: no torch
+
     p = sub.add_parser("model", help="build local models")
     msub = p.add_subparsers(dest="model_command", metavar="SUBCOMMAND")
     init = msub.add_parser("init", help="train a tokenizer on the bundled texts and write a random Qwen2 model")
     init.add_argument("--out", required=True, help="output directory (a Hugging Face model directory)")
-    init.add_argument("--size", choices=["tiny", "small"], default="tiny", help="tiny: 1.3M parameters; small: 28M")
+    init.add_argument("--size", choices=list(MODEL_SIZES), default="tiny",
+                      help="tiny: 1.3M parameters; mini: 5.8M; small: 27M")
     init.add_argument("--seed", type=int, default=0, help="seed of the weight initialisation")
     init.add_argument("--data-dir", default=None, help="folder of texts for the tokenizer (default: $AGENTRL_DATA_DIR, else the data of the installed environment plugins)")
     init.set_defaults(run=run_init)
