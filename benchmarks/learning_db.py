@@ -8,7 +8,9 @@ The learning benchmark's pipeline (``benchmarks/learning.py``) on the real DB en
    training tables (gen-train indices 0-345, 44 of its 54 tables), each episode wrong with
    probability 0.3 (a wrong answer, or a modification never made) and, when right, slipping
    with probability 0.3 (a misspelled statement, its error read, then the right one);
-3. ``agentrl sft`` on them;
+3. ``agentrl sft`` on them, after optional first stages on short synthetic questions that copy
+   made-up names into SQL (``--spell-examples``; :func:`spelling_demos` says why) and on the
+   question tasks under made-up table names (``--copy-rounds``);
 4. ``agentrl eval`` before RL, with repeats: **dev** (upstream's 59 held-out questions, the
    target) and **gen-heldout** (gen-train's other 10 tables, indices 346-425: the question
    templates of training on tables never seen);
@@ -26,6 +28,10 @@ per-type counts on dev, and the per-step training reward as the learning curve.
     python benchmarks/learning_db.py --demo-repeats 4 --sft-epochs 4 --sft-only   # the warm-up alone, larger
     python benchmarks/learning_db.py --rename-rounds 4 --sft-epochs 4   # demos under made-up table names
     python benchmarks/learning_db.py --copy-rounds 8 --rename-rounds 4 --sft-epochs 4   # + a copy stage first
+    python benchmarks/learning_db.py --size mini --sft-lr 2e-3 --copy-rounds 8 --rename-rounds 4 \
+        --eval-copy-stage --sft-only   # the 5.8M model; the copy stage's model evaluated (greedy) too
+    python benchmarks/learning_db.py --spell-examples 48000 --spell-only   # a spelling stage and its copy probe
+    python benchmarks/learning_db.py --model runs/.../spell_sft_model --rename-rounds 4 --sft-only   # then the DB warm-up
 
 Writes ``benchmarks/results/learning_db.json`` (or ``learning_db_quick.json``) and a PNG
 beside it. The configuration is ``examples/learning/db.yaml``; this script sets paths, task
@@ -37,6 +43,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import re
 import statistics
 import sys
 import time
@@ -61,14 +69,15 @@ TRAIN_TABLES_END = 346  # gen-train indices [0, 346): 44 tables; [346, 426): 10 
 
 FULL = {
     "size": "tiny", "demo_limit": TRAIN_TABLES_END, "demo_repeats": 1, "rename_rounds": 0, "copy_rounds": 0,
-    "copy_epochs": 2, "error_rate": 0.3, "sft_epochs": 2,
+    "copy_epochs": 2, "error_rate": 0.3, "sft_epochs": 2, "sft_lr": None,
+    "spell_examples": 0, "spell_only": False, "spell_probe": 50,
     "dev_limit": None, "heldout": [TRAIN_TABLES_END, 426], "eval_repeats": 2,
     "total_steps": 300, "checkpoint_every": 5, "budget_s": 900.0, "n_samples": 8, "batch_size": 4,
     "overrides": {},
 }
 QUICK = {
     "size": "tiny", "demo_limit": 12, "demo_repeats": 1, "rename_rounds": 0, "copy_rounds": 0, "copy_epochs": 1,
-    "error_rate": 0.3, "sft_epochs": 1,
+    "error_rate": 0.3, "sft_epochs": 1, "sft_lr": None, "spell_examples": 0, "spell_only": False, "spell_probe": 8,
     "dev_limit": 3, "heldout": [TRAIN_TABLES_END, TRAIN_TABLES_END + 3], "eval_repeats": 2,
     "total_steps": 2, "checkpoint_every": 1, "budget_s": 600.0, "n_samples": 2, "batch_size": 2,
     # a model after 1 SFT step writes until the token limit in every turn: keep episodes short
@@ -77,6 +86,104 @@ QUICK = {
 TARGET_IMPROVEMENT = 0.15  # issue 31: +15 points held-out on dev
 COPY_RENAME_BASE = 100  # the copy stage's rename seeds (100, 101, ...): other names than the main demos'
 MODIFY_KINDS = ("INSERT", "UPDATE", "DELETE")
+
+
+SPELL_WORD = re.compile(r"[A-Za-z]{3,12}")
+
+
+def spelling_words() -> list[str]:
+    """Words for the spelling stage: the texts of the installed plugins other than DB (KG,
+    WebShop, ALFWorld, OS, ...) seen at least 3 times, without any word of any DB table's name or
+    headers (every split: no evaluation name is ever spelled in this stage). Sorted, capitalized."""
+    from agentrl_env_db.env import DBEnvironment
+
+    from agentrl_core.tinymodel.model import corpus_sources, training_corpus
+
+    env = DBEnvironment()
+    db_words = set()
+    for split, indices in env.index_sets().items():
+        for i in indices:
+            for table in env.task(split, i).tables:
+                for text in (table.name, *table.columns):
+                    db_words.update(w.casefold() for w in SPELL_WORD.findall(text))
+    counts: Counter[str] = Counter()
+    for folder in corpus_sources():
+        if "agentrl_env_db" in str(folder):
+            continue
+        for text in training_corpus(folder):
+            # words as prose writes them (lower case or capitalized), not codes such as product ids
+            counts.update(w for w in SPELL_WORD.findall(text) if w.islower() or w[1:].islower())
+    return sorted({w.capitalize() for w, c in counts.items() if c >= 3 and w.casefold() not in db_words})
+
+
+def spelling_demos(n: int, seed: int) -> list[dict[str, Any]]:
+    """``n`` short demonstrations that copy made-up table and column names from a DB-style
+    question into SQL, without the system prompt or tool schemas (about 100 tokens each).
+
+    Why: with a Qwen2-style tokenizer a name is not the same tokens in the question and in the
+    SQL: `` is reef_national_data`` is ``Ġre·ef·_n·ational·_d·ata`` and `` `reef_national_data``
+    is ``Ġ`·ree·f·_n·ational·_d·ata``. Copying a name means re-spelling its first piece (for
+    every dev name; more than the first piece for 1 in 5), which a pretrained model knows and a
+    model built from scratch must learn for each piece. This stage shows many pieces cheaply:
+    words from other plugins' texts (:func:`spelling_words`) in dev's four name styles."""
+    rng = random.Random(seed)
+    words = spelling_words()
+
+    def name() -> str:
+        parts = rng.sample(words, rng.choice((1, 2, 2, 3)))
+        style = rng.randrange(4)
+        if style == 0:
+            return " ".join(parts)
+        if style == 1:
+            return "_".join(w.lower() for w in parts)
+        return ("_" if style == 2 else "").join(parts)
+
+    def header() -> str:
+        return " ".join(rng.sample(words, rng.choice((1, 1, 2, 3))))
+
+    records = []
+    for i in range(n):
+        table = name()
+        headers = list(dict.fromkeys(header() for _ in range(rng.randint(3, 6))))
+        asked, given = rng.sample(headers, 2)
+        value = str(rng.randint(1, 2000)) if rng.random() < 0.3 else rng.choice(words).lower()
+        question = (f"Additional table information about the question: The name of this table is {table}, and "
+                    f"the headers of this table are {','.join(headers)}.\nQuestion: What is the {asked} when the "
+                    f"{given} is {value}?")
+        query = f"SELECT `{asked}` FROM `{table}` WHERE `{given}` = '{value}'"
+        call = {"id": "call_0", "type": "function",
+                "function": {"name": "execute_sql", "arguments": json.dumps({"query": query})}}
+        records.append({"task": "db-spelling", "split": "synthetic", "index": i, "tools": None, "reward": 1.0,
+                        "status": "completed", "messages": [{"role": "user", "content": question},
+                                                            {"role": "assistant", "content": "", "tool_calls": [call]}]})
+    return records
+
+
+SPELL_PROBE_SEED = 12345  # the probe's questions: other names than any training seed's
+
+
+def spelling_probe(model: Path, n: int = 50) -> dict[str, Any]:
+    """Greedy decoding on ``n`` fresh synthetic questions of :func:`spelling_demos`' format: how
+    often the model's SQL names the question's table exactly (``FROM `name```), and examples.
+    The direct measure of copying, without the DB prompt's 650 tokens or the environment."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    lm = AutoModelForCausalLM.from_pretrained(model).eval()
+    exact, examples = 0, []
+    for demo in spelling_demos(n, SPELL_PROBE_SEED):
+        question = demo["messages"][0]["content"]
+        table = question.split("The name of this table is ", 1)[1].split(", and the headers", 1)[0]
+        ids = tokenizer.apply_chat_template([demo["messages"][0]], add_generation_prompt=True, tokenize=True,
+                                            return_dict=True)["input_ids"]
+        with torch.no_grad():
+            out = lm.generate(torch.tensor([ids]), max_new_tokens=96, do_sample=False)
+        text = tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
+        exact += f"FROM `{table}`" in text
+        if len(examples) < 6:
+            examples.append({"table": table, "generated": text.strip()})
+    return {"questions": n, "table_copied": exact / n, "examples": examples}
 
 
 def make_demos(work: Path, params: dict[str, Any], *, seed: int, tag: str, rounds: int, rename_base: int | None,
@@ -98,27 +205,45 @@ def make_demos(work: Path, params: dict[str, Any], *, seed: int, tag: str, round
 
 
 def sft(work: Path, records: list[dict[str, Any]], *, demos: Path, model: Path, tag: str,
-        epochs: int, seed: int) -> tuple[Path, list[dict[str, Any]], float]:
+        epochs: int, seed: int, lr: float | None) -> tuple[Path, list[dict[str, Any]], float]:
     """``agentrl sft`` on ``records`` (written to ``demos``): the model ``<tag>_model``, the per-step
     metrics and the seconds."""
     out = work / f"{tag}_model"
     demos.write_text("".join(json.dumps(d) + "\n" for d in records))
     seconds = agentrl(["sft", str(CONFIG), *sets(model__path=str(model), run__output_dir=str(work / tag),
                                                   sft__data=[str(demos)], sft__output_dir=str(out),
-                                                  sft__epochs=epochs, run__seed=seed)],
+                                                  sft__epochs=epochs, run__seed=seed,
+                                                  **({"sft__lr": lr} if lr else {}))],
                       work / "logs" / f"{tag}.log")["seconds"]
     metrics = [json.loads(line) for line in (work / tag / "sft_metrics.jsonl").read_text().splitlines() if line.strip()]
     return out, metrics, seconds
 
 
-def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None) -> dict[str, Any]:
-    """Model init (unless given), an optional copy stage, DB demonstrations with mistakes and slips, SFT."""
+def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None,
+            eval_copy_stage: bool = False) -> dict[str, Any]:
+    """Model init (unless given), an optional copy stage (evaluated too with ``eval_copy_stage``),
+    DB demonstrations with mistakes and slips, SFT."""
     timings: dict[str, float] = {}
     if model is None:
         model = work / "model"
         timings["model_init_s"] = agentrl(["model", "init", "--out", str(model), "--size", params["size"],
                                            "--seed", str(seed)], work / "logs" / "model_init.log")["seconds"]
-    copy = None
+    spell = copy = None
+    if params["spell_examples"]:
+        # Stage 0: copying names into SQL on short synthetic questions (spelling_demos' docstring says why)
+        records = spelling_demos(params["spell_examples"], seed)
+        model, metrics, timings["spell_sft_s"] = sft(work, records, demos=work / "spell_demos.jsonl", model=model,
+                                                     tag="spell_sft", epochs=1, seed=seed, lr=params["sft_lr"])
+        spell = {"demos": len(records), "sft_steps": len(metrics),
+                 "sft_final_nll": statistics.fmean(m["nll"] for m in metrics[-20:]) if metrics else None,
+                 "probe": spelling_probe(model, params["spell_probe"])}
+        print(f"spelling stage: {spell['demos']} synthetic questions, {spell['sft_steps']} SFT steps, "
+              f"nll of the last 20 steps {spell['sft_final_nll']:.3f}; fresh questions whose table name the "
+              f"model copies (greedy): {spell['probe']['table_copied']:.0%}", flush=True)
+        if params["spell_only"]:
+            return {"model": str(model), "spell_stage": spell, "timings": timings}
+        if eval_copy_stage and not params["copy_rounds"]:
+            spell["eval_greedy"] = evaluate(str(model), work / "eval_spell", params, temperature=0.0)
     if params["copy_rounds"]:
         # Stage 1: the question (SELECT) tasks only, under new made-up names every round, no mistakes:
         # every name in the SQL is copied from the question, so only copying fits the data.
@@ -130,8 +255,10 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
         timings["copy_demos_s"] = time.monotonic() - t0
         model, metrics, timings["copy_sft_s"] = sft(work, records, demos=work / "copy_demos.jsonl",
                                                     model=model, tag="copy_sft",
-                                                    epochs=params["copy_epochs"], seed=seed)
+                                                    epochs=params["copy_epochs"], seed=seed, lr=params["sft_lr"])
         copy = {"demos": len(records), "sft_steps": len(metrics), "sft_final_nll": metrics[-1]["nll"] if metrics else None}
+        if eval_copy_stage:  # does the copy form in stage 1 (and is then lost), or never? Greedy: its best
+            copy["eval_greedy"] = evaluate(str(model), work / "eval_copy", params, temperature=0.0)
         print(f"copy stage: {copy['demos']} question demonstrations under made-up names, {copy['sft_steps']} SFT "
               f"steps, final nll {copy['sft_final_nll']:.3f}", flush=True)
     t0 = time.monotonic()
@@ -141,11 +268,12 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
     timings["demos_s"] = time.monotonic() - t0
     slips = sum(1 for d in records if d["metrics"].get("sql_errors", 0) > 0 and d["reward"] >= 1.0)
     sft_model, metrics, timings["sft_s"] = sft(work, records, demos=work / "demos.jsonl", model=model, tag="sft",
-                                               epochs=params["sft_epochs"], seed=seed)
+                                               epochs=params["sft_epochs"], seed=seed, lr=params["sft_lr"])
     return {"model": str(sft_model), "demos": len(records),
             "demo_success": sum(1 for d in records if d["reward"] >= 1.0) / max(len(records), 1),
             "demo_recovered_slips": slips, "sft_steps": len(metrics),
-            "sft_final_nll": metrics[-1]["nll"] if metrics else None, "copy_stage": copy, "timings": timings}
+            "sft_final_nll": metrics[-1]["nll"] if metrics else None, "spell_stage": spell, "copy_stage": copy,
+            "timings": timings}
 
 
 def gen_train_kinds(limit: int) -> dict[int, str]:
@@ -229,11 +357,13 @@ def table_names(episodes: list[dict[str, Any]], params: dict[str, Any]) -> dict[
             for task, c in sorted(counts.items())}
 
 
-def evaluate(model: str, out: Path, params: dict[str, Any]) -> dict[str, Any]:
-    """``agentrl eval`` on dev and gen-heldout; success per task as mean and spread over repeats."""
+def evaluate(model: str, out: Path, params: dict[str, Any], *, temperature: float | None = None) -> dict[str, Any]:
+    """``agentrl eval`` on dev and gen-heldout; success per task as mean and spread over repeats.
+    ``temperature`` None samples as the rollouts do (db.yaml: 1.0); 0 is greedy."""
+    extra = {} if temperature is None else {"eval__temperature": temperature}
     r = agentrl(["eval", str(CONFIG), "--out", str(out), *sets(model__path=model, eval__tasks=eval_tasks(params),
                                                                  eval__repeats=params["eval_repeats"],
-                                                                 **params["overrides"])],
+                                                                 **params["overrides"], **extra)],
                 out.parent / "logs" / f"eval_{out.name}.log")
     summary = json.loads((out / "summary.json").read_text())["models"]["default"]
     kinds = dev_kinds()
@@ -330,6 +460,16 @@ def main() -> int:
                              "rounds of made-up table names (rename seeds 100, 101, ...): every name in the SQL is "
                              "copied from the question (default 0: no such stage)")
     parser.add_argument("--copy-epochs", type=int, default=None, help="epochs of the copy stage (default 2)")
+    parser.add_argument("--spell-examples", type=int, default=None,
+                        help="first an SFT stage on this many short synthetic questions whose SQL copies made-up "
+                             "names (words of other plugins' texts; see spelling_demos) (default 0: none)")
+    parser.add_argument("--spell-only", action="store_true",
+                        help="stop after the spelling stage and its probe (a capacity study: does the model copy?)")
+    parser.add_argument("--eval-copy-stage", action="store_true",
+                        help="also evaluate, greedily, the model after the spelling and copy stages (before the "
+                             "main SFT): which table names its SQL writes")
+    parser.add_argument("--sft-lr", type=float, default=None,
+                        help="SFT learning rate of both stages (default: the config's sft.lr, 3e-3, tuned on tiny)")
     parser.add_argument("--sft-only", action="store_true",
                         help="stop after evaluating the SFT model (a warm-up study: does more SFT reach nonzero success?)")
     args = parser.parse_args()
@@ -339,10 +479,18 @@ def main() -> int:
         params["budget_s"] = args.budget_s
     if args.size is not None:
         params["size"] = args.size
-    for key in ("demo_repeats", "sft_epochs", "rename_rounds", "copy_rounds", "copy_epochs"):
+    if args.spell_only:
+        if not args.spell_examples:
+            raise SystemExit("--spell-only needs --spell-examples N (N > 0): the stage it stops after")
+        params["spell_only"] = True
+    if args.sft_lr is not None:
+        if args.sft_lr <= 0:
+            raise SystemExit(f"--sft-lr {args.sft_lr}: must be positive")
+        params["sft_lr"] = args.sft_lr
+    for key in ("demo_repeats", "sft_epochs", "rename_rounds", "copy_rounds", "copy_epochs", "spell_examples"):
         value = getattr(args, key)
         if value is not None:
-            least = 0 if key in ("rename_rounds", "copy_rounds") else 1
+            least = 0 if key in ("rename_rounds", "copy_rounds", "spell_examples") else 1
             if value < least:
                 raise SystemExit(f"--{key.replace('_', '-')} {value}: must be at least {least}")
             params[key] = value
@@ -352,7 +500,18 @@ def main() -> int:
     load_before = os.getloadavg()
     started = time.monotonic()
 
-    prepared = prepare(work, params, seed=args.seed, model=Path(args.model) if args.model else None)
+    prepared = prepare(work, params, seed=args.seed, model=Path(args.model) if args.model else None,
+                       eval_copy_stage=args.eval_copy_stage)
+    if params["spell_only"]:
+        out = out.with_name(out.stem + "_spell.json") if not args.out else out
+        result = {"benchmark": "learning_db", "spell_only": True, "quick": args.quick,
+                  "params": {**params, "seed": args.seed, "spell_probe_seed": SPELL_PROBE_SEED},
+                  "sft": {k: v for k, v in prepared.items() if k != "model"},
+                  "machine": machine(load_before), "wall_s": round(time.monotonic() - started, 1)}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\nwrote {out} (--spell-only: the spelling stage and its probe)")
+        return 0
     print(f"SFT model ready: {prepared['demos']} demonstrations ({prepared['demo_success']:.0%} correct, "
           f"{prepared['demo_recovered_slips']} recovered slips), {prepared['sft_steps']} SFT steps, "
           f"final nll {prepared['sft_final_nll']:.3f}", flush=True)

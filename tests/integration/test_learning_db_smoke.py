@@ -82,3 +82,39 @@ def test_quick_db_learning_benchmark_runs_every_stage(tmp_path, tiny_model_dir):
     assert max(trained[0]["indices"]) < params["heldout"][0]  # the held-out tables are never trained on
     assert config["environments"]["db"]["gen_train_rename_seed"] == 2  # RL under names no round used
     assert result["passed"] is None  # --quick checks the plumbing, never claims the target
+
+
+def test_spelling_stage_copies_names_made_of_no_db_word(tmp_path, tiny_model_dir):
+    # --spell-only: the synthetic stage and its greedy probe, then the result (no DB demonstrations)
+    out = tmp_path / "spell.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "learning_db.py"), "--quick", "--work", str(tmp_path / "work"),
+         "--out", str(out), "--model", str(tiny_model_dir), "--spell-examples", "16", "--spell-only"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    spell = json.loads(out.read_text())["sft"]["spell_stage"]
+    assert spell["demos"] == 16 and spell["sft_steps"] == 2  # sft.batch_size 8
+    probe = spell["probe"]
+    assert probe["questions"] == 8 and probe["table_copied"] in {k / 8 for k in range(9)}
+    assert all(e["table"] and isinstance(e["generated"], str) for e in probe["examples"])
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import learning_db
+    from agentrl_env_db.env import DBEnvironment
+
+    records = [json.loads(line) for line in (tmp_path / "work" / "spell_demos.jsonl").read_text().splitlines()]
+    assert records == learning_db.spelling_demos(16, 0)  # seed 0: reproducible
+    env = DBEnvironment()
+    db_words = {w.casefold() for split, indices in env.index_sets().items() for i in indices
+                for t in env.task(split, i).tables for text in (t.name, *t.columns)
+                for w in learning_db.SPELL_WORD.findall(text)}
+    def table(record):
+        return record["messages"][0]["content"].split("The name of this table is ", 1)[1].split(", and the headers")[0]
+
+    for record in records + learning_db.spelling_demos(50, learning_db.SPELL_PROBE_SEED):
+        assert not {w.casefold() for w in learning_db.SPELL_WORD.findall(table(record))} & db_words  # no eval name
+        query = json.loads(record["messages"][1]["tool_calls"][0]["function"]["arguments"])["query"]
+        assert f"FROM `{table(record)}` WHERE `" in query
+    probe_tables = {e["table"] for e in probe["examples"]}  # the probe asks about names not trained on
+    assert probe_tables and not probe_tables & {table(r) for r in records}
