@@ -118,7 +118,7 @@ def spelling_words() -> list[str]:
 
 def spelling_demos(n: int, seed: int) -> list[dict[str, Any]]:
     """``n`` short demonstrations that copy made-up table and column names from a DB-style
-    question into SQL, without the system prompt or tool schemas (about 100 tokens each).
+    question into SQL, without the system prompt or tool schemas (about 150 tokens each).
 
     Why: with a Qwen2-style tokenizer a name is not the same tokens in the question and in the
     SQL: `` is reef_national_data`` is ``Ġre·ef·_n·ational·_d·ata`` and `` `reef_national_data``
@@ -221,8 +221,8 @@ def sft(work: Path, records: list[dict[str, Any]], *, demos: Path, model: Path, 
 
 def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None,
             eval_copy_stage: bool = False) -> dict[str, Any]:
-    """Model init (unless given), an optional copy stage (evaluated too with ``eval_copy_stage``),
-    DB demonstrations with mistakes and slips, SFT."""
+    """Model init (unless given), optional spelling and copy stages (evaluated greedily too with
+    ``eval_copy_stage``), DB demonstrations with mistakes and slips, SFT."""
     timings: dict[str, float] = {}
     if model is None:
         model = work / "model"
