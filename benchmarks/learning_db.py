@@ -41,6 +41,7 @@ indices and sizes.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -91,7 +92,8 @@ MODIFY_KINDS = ("INSERT", "UPDATE", "DELETE")
 SPELL_WORD = re.compile(r"[A-Za-z]{3,12}")
 
 
-def spelling_words() -> list[str]:
+@functools.cache  # the training questions and the probe's draw from the same words: read the texts once
+def spelling_words() -> tuple[str, ...]:
     """Words for the spelling stage: the texts of the installed plugins other than DB (KG,
     WebShop, ALFWorld, OS, ...) seen at least 3 times, without any word of any DB table's name or
     headers (every split: no evaluation name is ever spelled in this stage). Sorted, capitalized."""
@@ -113,7 +115,7 @@ def spelling_words() -> list[str]:
         for text in training_corpus(folder):
             # words as prose writes them (lower case or capitalized), not codes such as product ids
             counts.update(w for w in SPELL_WORD.findall(text) if w.islower() or w[1:].islower())
-    return sorted({w.capitalize() for w, c in counts.items() if c >= 3 and w.casefold() not in db_words})
+    return tuple(sorted({w.capitalize() for w, c in counts.items() if c >= 3 and w.casefold() not in db_words}))
 
 
 def spelling_demos(n: int, seed: int) -> list[dict[str, Any]]:

@@ -73,7 +73,8 @@ def set_torch_threads(cores: Sequence[int] | None = None, *, threads: int | None
     """Set torch's intra-op threads to ``threads`` or :func:`free_cores`; returns the number set."""
     import torch
 
-    n = threads or free_cores(cores)
+    load = current_load()
+    n = threads or free_cores(cores, load=load)
     torch.set_num_threads(n)
-    log.info("torch uses %d CPU thread(s) (cores %s, load %.1f)", n, list(cores or allowed_cores()), current_load())
+    log.info("torch uses %d CPU thread(s) (cores %s, load %.1f)", n, list(cores or allowed_cores()), load)
     return n
