@@ -32,6 +32,8 @@ per-type counts on dev, and the per-step training reward as the learning curve.
         --eval-copy-stage --sft-only   # the 5.8M model; the copy stage's model evaluated (greedy) too
     python benchmarks/learning_db.py --spell-examples 48000 --spell-only   # a spelling stage and its copy probe
     python benchmarks/learning_db.py --model runs/.../spell_sft_model --rename-rounds 4 --sft-only   # then the DB warm-up
+    python benchmarks/learning_db.py --model runs/.../spell_sft_model --rename-rounds 4 --respell --spell-mix 1384 \
+        --eval-temperature 0 --sft-only   # tables renamed to spelling words, spelling kept up, greedy evaluation
 
 Writes ``benchmarks/results/learning_db.json`` (or ``learning_db_quick.json``) and a PNG
 beside it. The configuration is ``examples/learning/db.yaml``; this script sets paths, task
@@ -71,14 +73,16 @@ TRAIN_TABLES_END = 346  # gen-train indices [0, 346): 44 tables; [346, 426): 10 
 FULL = {
     "size": "tiny", "demo_limit": TRAIN_TABLES_END, "demo_repeats": 1, "rename_rounds": 0, "copy_rounds": 0,
     "copy_epochs": 2, "error_rate": 0.3, "sft_epochs": 2, "sft_lr": None,
-    "spell_examples": 0, "spell_only": False, "spell_probe": 50,
+    "spell_examples": 0, "spell_only": False, "spell_probe": 50, "dev_probe": 59, "spell_mix": 0, "spell_db_prompt": False,
+    "respell": False, "eval_temperature": None,
     "dev_limit": None, "heldout": [TRAIN_TABLES_END, 426], "eval_repeats": 2,
     "total_steps": 300, "checkpoint_every": 5, "budget_s": 900.0, "n_samples": 8, "batch_size": 4,
     "overrides": {},
 }
 QUICK = {
     "size": "tiny", "demo_limit": 12, "demo_repeats": 1, "rename_rounds": 0, "copy_rounds": 0, "copy_epochs": 1,
-    "error_rate": 0.3, "sft_epochs": 1, "sft_lr": None, "spell_examples": 0, "spell_only": False, "spell_probe": 8,
+    "error_rate": 0.3, "sft_epochs": 1, "sft_lr": None, "spell_examples": 0, "spell_only": False, "spell_probe": 8, "dev_probe": 8,
+    "spell_mix": 0, "spell_db_prompt": False, "respell": False, "eval_temperature": None,
     "dev_limit": 3, "heldout": [TRAIN_TABLES_END, TRAIN_TABLES_END + 3], "eval_repeats": 2,
     "total_steps": 2, "checkpoint_every": 1, "budget_s": 600.0, "n_samples": 2, "batch_size": 2,
     # a model after 1 SFT step writes until the token limit in every turn: keep episodes short
@@ -118,9 +122,46 @@ def spelling_words() -> tuple[str, ...]:
     return tuple(sorted({w.capitalize() for w, c in counts.items() if c >= 3 and w.casefold() not in db_words}))
 
 
-def spelling_demos(n: int, seed: int) -> list[dict[str, Any]]:
+def spelled_name(rng: random.Random) -> str:
+    """A made-up table name of 1-3 spelling words in one of dev's four styles
+    (``Golf Winners``, ``golf_winners``, ``Golf_Winners``, ``GolfWinners``)."""
+    parts = rng.sample(spelling_words(), rng.choice((1, 2, 2, 3)))
+    style = rng.randrange(4)
+    if style == 0:
+        return " ".join(parts)
+    if style == 1:
+        return "_".join(w.lower() for w in parts)
+    return ("_" if style == 2 else "").join(parts)
+
+
+def respelled(records: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """DB demonstrations with each one's table renamed to a fresh :func:`spelled_name` wherever
+    its name occurs (question, SQL, observations). Rename rounds draw names from a vocabulary small
+    enough to memorize (60 x 21 x 30 words), so a model can fit them without copying; with 3,401
+    words and a new name per demonstration, only copying fits."""
+    rng = random.Random(seed)
+    out = []
+    for record in records:
+        user = next(m["content"] for m in record["messages"] if m["role"] == "user")
+        old = user.split("The name of this table is ", 1)[1].split(", and the headers", 1)[0]
+        new = spelled_name(rng)
+        out.append({**record, "messages": json.loads(json.dumps(record["messages"]).replace(old, new))})
+    return out
+
+
+def db_prompt() -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The DB environment's system message and tool schemas, as every episode starts."""
+    from agentrl_env_db.env import TOOLS
+    from agentrl_env_db.tasks import SYSTEM_PROMPT
+
+    return {"role": "system", "content": SYSTEM_PROMPT}, list(TOOLS)
+
+
+def spelling_demos(n: int, seed: int, *, in_db_prompt: bool = False) -> list[dict[str, Any]]:
     """``n`` short demonstrations that copy made-up table and column names from a DB-style
-    question into SQL, without the system prompt or tool schemas (about 150 tokens each).
+    question into SQL, without the system prompt or tool schemas (about 150 tokens each); with
+    ``in_db_prompt``, after the DB environment's system prompt and tools, as episodes ask (about
+    750 tokens: 5x dearer, but the setting the DB task needs; see ``probe_db_prompt``).
 
     Why: with a Qwen2-style tokenizer a name is not the same tokens in the question and in the
     SQL: `` is reef_national_data`` is ``Ġre·ef·_n·ational·_d·ata`` and `` `reef_national_data``
@@ -130,62 +171,88 @@ def spelling_demos(n: int, seed: int) -> list[dict[str, Any]]:
     words from other plugins' texts (:func:`spelling_words`) in dev's four name styles."""
     rng = random.Random(seed)
     words = spelling_words()
-
-    def name() -> str:
-        parts = rng.sample(words, rng.choice((1, 2, 2, 3)))
-        style = rng.randrange(4)
-        if style == 0:
-            return " ".join(parts)
-        if style == 1:
-            return "_".join(w.lower() for w in parts)
-        return ("_" if style == 2 else "").join(parts)
+    system, tools = db_prompt() if in_db_prompt else (None, None)
 
     def header() -> str:
         return " ".join(rng.sample(words, rng.choice((1, 1, 2, 3))))
 
     records = []
     for i in range(n):
-        table = name()
+        table = spelled_name(rng)
         headers = list(dict.fromkeys(header() for _ in range(rng.randint(3, 6))))
         asked, given = rng.sample(headers, 2)
         value = str(rng.randint(1, 2000)) if rng.random() < 0.3 else rng.choice(words).lower()
-        question = (f"Additional table information about the question: The name of this table is {table}, and "
-                    f"the headers of this table are {','.join(headers)}.\nQuestion: What is the {asked} when the "
-                    f"{given} is {value}?")
-        query = f"SELECT `{asked}` FROM `{table}` WHERE `{given}` = '{value}'"
-        call = {"id": "call_0", "type": "function",
-                "function": {"name": "execute_sql", "arguments": json.dumps({"query": query})}}
-        records.append({"task": "db-spelling", "split": "synthetic", "index": i, "tools": None, "reward": 1.0,
-                        "status": "completed", "messages": [{"role": "user", "content": question},
-                                                            {"role": "assistant", "content": "", "tool_calls": [call]}]})
+        messages = spelling_question(table, headers, asked, given, value)
+        records.append({"task": "db-spelling", "split": "synthetic", "index": i, "tools": tools, "reward": 1.0,
+                        "status": "completed", "messages": [system, *messages] if system else messages})
     return records
 
 
+def spelling_question(table: str, headers: list[str], asked: str, given: str, value: str) -> list[dict[str, Any]]:
+    """A question in the DB task's words about ``table`` and the SQL that answers it: the user and
+    assistant messages of one spelling demonstration."""
+    question = (f"Additional table information about the question: The name of this table is {table}, and "
+                f"the headers of this table are {','.join(headers)}.\nQuestion: What is the {asked} when the "
+                f"{given} is {value}?")
+    query = f"SELECT `{asked}` FROM `{table}` WHERE `{given}` = '{value}'"
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": "execute_sql", "arguments": json.dumps({"query": query})}}
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+
+
 SPELL_PROBE_SEED = 12345  # the probe's questions: other names than any training seed's
+SPELL_MIX_SEED_BASE = 5000  # --spell-mix's questions: other names than the spelling stage's (seed) and the probe's
+RESPELL_SEED_BASE = 7000  # --respell's names
 
 
-def spelling_probe(model: Path, n: int = 50) -> dict[str, Any]:
+def spelling_probe(model: Path | str, n: int = 50, *, in_db_prompt: bool = False) -> dict[str, Any]:
     """Greedy decoding on ``n`` fresh synthetic questions of :func:`spelling_demos`' format: how
     often the model's SQL names the question's table exactly (``FROM `name```), and examples.
-    The direct measure of copying, without the DB prompt's 650 tokens or the environment."""
+    The direct measure of copying, without the DB prompt's 650 tokens or the environment; with
+    ``in_db_prompt``, the same questions after the DB system prompt and tools, as episodes ask.
+    Fresh names, but of the spelling stage's words: :func:`dev_names_probe` asks about dev's."""
+    return copy_share(model, spelling_demos(n, SPELL_PROBE_SEED, in_db_prompt=in_db_prompt))
+
+
+def dev_names_probe(model: Path | str, n: int = 59) -> dict[str, Any]:
+    """:func:`spelling_probe` after the DB prompt with dev's own tables (the first ``n`` of 59; name,
+    first two headers, value 5): does the model copy names made of words it never re-spelled? The
+    spelling stage's words exclude every DB table's, so this separates copying from re-spelling
+    words it was shown."""
+    from agentrl_env_db.env import DBEnvironment
+
+    env = DBEnvironment()
+    system, tools = db_prompt()
+    demos = []
+    for i in list(env.index_sets()["dev"])[:n]:
+        table = env.task("dev", i).tables[0]
+        demos.append({"tools": tools, "messages": [system, *spelling_question(
+            table.name, list(table.columns), table.columns[0], table.columns[1], "5")]})
+    return copy_share(model, demos)
+
+
+def copy_share(model: Path | str, demos: list[dict[str, Any]]) -> dict[str, Any]:
+    """Greedy decoding on each spelling demonstration's prompt: the share whose SQL names the
+    question's table exactly (``FROM `name```), and six examples."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     lm = AutoModelForCausalLM.from_pretrained(model).eval()
     exact, examples = 0, []
-    for demo in spelling_demos(n, SPELL_PROBE_SEED):
-        question = demo["messages"][0]["content"]
+    for demo in demos:
+        *prompt, _answer = demo["messages"]
+        question = prompt[-1]["content"]
         table = question.split("The name of this table is ", 1)[1].split(", and the headers", 1)[0]
-        ids = tokenizer.apply_chat_template([demo["messages"][0]], add_generation_prompt=True, tokenize=True,
-                                            return_dict=True)["input_ids"]
+        ids = tokenizer.apply_chat_template(prompt, tools=demo["tools"], add_generation_prompt=True,
+                                            tokenize=True, return_dict=True)["input_ids"]
         with torch.no_grad():
             out = lm.generate(torch.tensor([ids]), max_new_tokens=96, do_sample=False)
         text = tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
         exact += f"FROM `{table}`" in text
         if len(examples) < 6:
             examples.append({"table": table, "generated": text.strip()})
-    return {"questions": n, "table_copied": exact / n, "examples": examples}
+    return {"questions": len(demos), "table_copied": exact / len(demos), "examples": examples}
 
 
 def make_demos(work: Path, params: dict[str, Any], *, seed: int, tag: str, rounds: int, rename_base: int | None,
@@ -233,15 +300,19 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
     spell = copy = None
     if params["spell_examples"]:
         # Stage 0: copying names into SQL on short synthetic questions (spelling_demos' docstring says why)
-        records = spelling_demos(params["spell_examples"], seed)
+        records = spelling_demos(params["spell_examples"], seed, in_db_prompt=params["spell_db_prompt"])
         model, metrics, timings["spell_sft_s"] = sft(work, records, demos=work / "spell_demos.jsonl", model=model,
                                                      tag="spell_sft", epochs=1, seed=seed, lr=params["sft_lr"])
         spell = {"demos": len(records), "sft_steps": len(metrics),
                  "sft_final_nll": statistics.fmean(m["nll"] for m in metrics[-20:]) if metrics else None,
-                 "probe": spelling_probe(model, params["spell_probe"])}
+                 "probe": spelling_probe(model, params["spell_probe"]),
+                 "probe_db_prompt": spelling_probe(model, params["spell_probe"], in_db_prompt=True),
+                 "probe_dev_names": dev_names_probe(model, params["dev_probe"])}
         print(f"spelling stage: {spell['demos']} synthetic questions, {spell['sft_steps']} SFT steps, "
               f"nll of the last 20 steps {spell['sft_final_nll']:.3f}; fresh questions whose table name the "
-              f"model copies (greedy): {spell['probe']['table_copied']:.0%}", flush=True)
+              f"model copies (greedy): {spell['probe']['table_copied']:.0%} alone, "
+              f"{spell['probe_db_prompt']['table_copied']:.0%} after the DB prompt; dev's own names after the DB "
+              f"prompt: {spell['probe_dev_names']['table_copied']:.0%}", flush=True)
         if params["spell_only"]:
             return {"model": str(model), "spell_stage": spell, "timings": timings}
         if eval_copy_stage and not params["copy_rounds"]:
@@ -268,11 +339,25 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
     records = make_demos(work, params, seed=seed, tag="demos", rounds=max(params["rename_rounds"], 1),
                          rename_base=0 if params["rename_rounds"] else None, error_rate=params["error_rate"])
     timings["demos_s"] = time.monotonic() - t0
-    slips = sum(1 for d in records if d["metrics"].get("sql_errors", 0) > 0 and d["reward"] >= 1.0)
+    if params["respell"]:
+        records = respelled(records, RESPELL_SEED_BASE + seed)
+    if params["spell_mix"]:
+        # fresh spelling questions among the DB demonstrations, so that the main SFT does not unlearn copying
+        records += spelling_demos(params["spell_mix"], SPELL_MIX_SEED_BASE + seed, in_db_prompt=params["spell_db_prompt"])
+    slips = sum(1 for d in records if d.get("metrics", {}).get("sql_errors", 0) > 0 and d["reward"] >= 1.0)
     sft_model, metrics, timings["sft_s"] = sft(work, records, demos=work / "demos.jsonl", model=model, tag="sft",
                                                epochs=params["sft_epochs"], seed=seed, lr=params["sft_lr"])
-    return {"model": str(sft_model), "demos": len(records),
-            "demo_success": sum(1 for d in records if d["reward"] >= 1.0) / max(len(records), 1),
+    # copying after the main SFT, in the spelling stage's short format and after the DB prompt:
+    # which of the two the DB task lacks (forgotten, or never carried into the long prompt)
+    probes = {"short": spelling_probe(sft_model, params["spell_probe"]),
+              "db_prompt": spelling_probe(sft_model, params["spell_probe"], in_db_prompt=True),
+              "dev_names": dev_names_probe(sft_model, params["dev_probe"])}
+    print("after the main SFT, fresh table names copied (greedy): "
+          + ", ".join(f"{k} {v['table_copied']:.0%}" for k, v in probes.items()), flush=True)
+    return {"model": str(sft_model), "demos": len(records), "probe_after_sft": probes,
+            "spell_mixed": params["spell_mix"],
+            "demo_success": sum(1 for d in records if d["reward"] >= 1.0 and d["task"] != "db-spelling")
+            / max(sum(1 for d in records if d["task"] != "db-spelling"), 1),
             "demo_recovered_slips": slips, "sft_steps": len(metrics),
             "sft_final_nll": metrics[-1]["nll"] if metrics else None, "spell_stage": spell, "copy_stage": copy,
             "timings": timings}
@@ -441,6 +526,27 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def probe_models(models: list[str], params: dict[str, Any], out: Path) -> int:
+    """``--probe``: the three copy probes on each model, one JSON."""
+    load_before, started = os.getloadavg(), time.monotonic()
+    probes = {}
+    for model in models:
+        if not (Path(model) / "config.json").is_file():
+            raise SystemExit(f"--probe {model}: not a model folder (no config.json)")
+        probes[model] = {"short": spelling_probe(model, params["spell_probe"]),
+                         "db_prompt": spelling_probe(model, params["spell_probe"], in_db_prompt=True),
+                         "dev_names": dev_names_probe(model, params["dev_probe"])}
+        print(f"{model}: fresh names copied (greedy) "
+              + ", ".join(f"{k} {v['table_copied']:.0%}" for k, v in probes[model].items()), flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "learning_db", "probe": True, "probes": probes,
+                               "params": {k: params[k] for k in ("spell_probe", "dev_probe")},
+                               "machine": machine(load_before), "wall_s": round(time.monotonic() - started, 1)},
+                              indent=2) + "\n")
+    print(f"\nwrote {out}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: check the plumbing, not the target")
@@ -467,11 +573,28 @@ def main() -> int:
                              "names (words of other plugins' texts; see spelling_demos) (default 0: none)")
     parser.add_argument("--spell-only", action="store_true",
                         help="stop after the spelling stage and its probe (a capacity study: does the model copy?)")
+    parser.add_argument("--spell-mix", type=int, default=None,
+                        help="add this many fresh spelling questions to the main SFT's DB demonstrations, so that it "
+                             "keeps the spelling stage's copying (default 0)")
+    parser.add_argument("--spell-db-prompt", action="store_true",
+                        help="the spelling questions (--spell-examples, --spell-mix) after the DB system prompt and "
+                             "tools, as episodes ask (about 750 tokens instead of 150)")
+    parser.add_argument("--respell", action="store_true",
+                        help="rename each main-SFT demonstration's table to a fresh name of spelling words (see "
+                             "respelled): names no model can memorize, so only copying fits")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="rollout.temperature of RL and of the evaluations (default: the config's, 1.0)")
+    parser.add_argument("--eval-temperature", type=float, default=None,
+                        help="sampling temperature of the evaluations before and after RL (default: the config's "
+                             "rollout.temperature, 1.0; 0 is greedy)")
     parser.add_argument("--eval-copy-stage", action="store_true",
                         help="also evaluate, greedily, the model after the spelling and copy stages (before the "
                              "main SFT): which table names its SQL writes")
     parser.add_argument("--sft-lr", type=float, default=None,
                         help="SFT learning rate of both stages (default: the config's sft.lr, 3e-3, tuned on tiny)")
+    parser.add_argument("--probe", nargs="+", metavar="MODEL", default=None,
+                        help="only the copy probes (greedy) on these models: fresh names alone and after the DB "
+                             "prompt, dev's own names after it; writes --out (default learning_db_probes.json)")
     parser.add_argument("--sft-only", action="store_true",
                         help="stop after evaluating the SFT model (a warm-up study: does more SFT reach nonzero success?)")
     args = parser.parse_args()
@@ -489,13 +612,27 @@ def main() -> int:
         if args.sft_lr <= 0:
             raise SystemExit(f"--sft-lr {args.sft_lr}: must be positive")
         params["sft_lr"] = args.sft_lr
-    for key in ("demo_repeats", "sft_epochs", "rename_rounds", "copy_rounds", "copy_epochs", "spell_examples"):
+    params["respell"] = args.respell
+    params["spell_db_prompt"] = args.spell_db_prompt
+    if args.temperature is not None:
+        if args.temperature <= 0:
+            raise SystemExit(f"--temperature {args.temperature}: must be positive (RL samples; --eval-temperature 0 "
+                             "makes the evaluations greedy)")
+        params["overrides"] = {**params["overrides"], "rollout__temperature": args.temperature}
+    if args.eval_temperature is not None:
+        if args.eval_temperature < 0:
+            raise SystemExit(f"--eval-temperature {args.eval_temperature}: must be 0 (greedy) or more")
+        params["eval_temperature"] = args.eval_temperature
+    for key in ("demo_repeats", "sft_epochs", "rename_rounds", "copy_rounds", "copy_epochs", "spell_examples",
+                "spell_mix"):
         value = getattr(args, key)
         if value is not None:
-            least = 0 if key in ("rename_rounds", "copy_rounds", "spell_examples") else 1
+            least = 0 if key in ("rename_rounds", "copy_rounds", "spell_examples", "spell_mix") else 1
             if value < least:
                 raise SystemExit(f"--{key.replace('_', '-')} {value}: must be at least {least}")
             params[key] = value
+    if args.probe:
+        return probe_models(args.probe, params, Path(args.out) if args.out else RESULTS / "learning_db_probes.json")
     work = Path(args.work) if args.work else ROOT / "runs" / ("learning_db_bench_quick" if args.quick else "learning_db_bench")
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else RESULTS / ("learning_db_quick.json" if args.quick else "learning_db.json")
@@ -517,7 +654,7 @@ def main() -> int:
     print(f"SFT model ready: {prepared['demos']} demonstrations ({prepared['demo_success']:.0%} correct, "
           f"{prepared['demo_recovered_slips']} recovered slips), {prepared['sft_steps']} SFT steps, "
           f"final nll {prepared['sft_final_nll']:.3f}", flush=True)
-    before = evaluate(prepared["model"], work / "eval_sft", params)
+    before = evaluate(prepared["model"], work / "eval_sft", params, temperature=params["eval_temperature"])
     print("after SFT: " + ", ".join(f"{n} {t['success']:.3f} ± {t['spread']:.3f}" for n, t in before["tasks"].items()),
           flush=True)
 
@@ -538,7 +675,7 @@ def main() -> int:
                 extra={**params["overrides"], **renamed, "run__seed": args.seed, "tasks": [{"env": "db", "split": "gen-train", "name": "gen-train",
                                                           "indices": list(range(0, lo))}]})
     add_shaping(run, work / "grpo")
-    after = evaluate(run["model"], work / "eval_grpo", params)
+    after = evaluate(run["model"], work / "eval_grpo", params, temperature=params["eval_temperature"])
     change = {n: after["tasks"][n]["success"] - before["tasks"][n]["success"] for n in before["tasks"]}
     print(f"RL: {run['steps']} steps in {run['train_command_s']:.0f} s"
           f"{' (interrupted at the budget)' if run['interrupted'] else ''}; "

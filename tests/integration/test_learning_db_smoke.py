@@ -8,12 +8,15 @@ PNG. This test checks that every stage ran on the tasks it names and that the nu
 are the ones the evaluations and the training run produced. It runs with ``--copy-rounds 1
 --rename-rounds 2``: a copy stage on the question tasks under made-up table names, then two
 rounds of demonstrations, each with the training tables under other made-up names, and RL
-under yet other names.
+under yet other names; the demonstrations' tables renamed again to names of spelling words
+(``--respell``); three spelling questions mixed into the main SFT (``--spell-mix``); RL
+sampling at temperature 0.7 and greedy evaluations.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +34,7 @@ def test_quick_db_learning_benchmark_runs_every_stage(tmp_path, tiny_model_dir):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "learning_db.py"), "--quick", "--work", str(tmp_path / "work"),
          "--out", str(out), "--model", str(tiny_model_dir), "--rename-rounds", "2",
-         "--copy-rounds", "1"],
+         "--copy-rounds", "1", "--spell-mix", "3", "--respell", "--temperature", "0.7", "--eval-temperature", "0"],
         capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -47,18 +50,36 @@ def test_quick_db_learning_benchmark_runs_every_stage(tmp_path, tiny_model_dir):
     assert len(copied) == copy["demos"] and all(d["reward"] == 1.0 and d["metrics"]["sql_errors"] == 0 for d in copied)
     assert all(" table is " in d["messages"][1]["content"] for d in copied)
     assert all('"SELECT ' in d["messages"][2]["tool_calls"][0]["function"]["arguments"] for d in copied)
-    assert sft["demos"] == 2 * params["demo_limit"] and 0 < sft["demo_success"] < 1  # a mix of right and wrong
+    assert sft["demos"] == 2 * params["demo_limit"] + 3 and 0 < sft["demo_success"] < 1  # a mix of right and wrong
+    # --spell-mix 3: three spelling questions of their own seed after the DB demonstrations
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import learning_db
+
+    demos = [json.loads(line) for line in (tmp_path / "work" / "demos.jsonl").read_text().splitlines()]
+    assert sft["spell_mixed"] == 3 and demos[-3:] == learning_db.spelling_demos(3, learning_db.SPELL_MIX_SEED_BASE)
+    demos = demos[:-3]
+    assert all(d["task"] == "db" and d["split"] == "gen-train" for d in demos)
     # each round's demonstrations name other made-up tables, never the source tables' own names
     from agentrl_env_db.env import DBEnvironment
 
     own = {DBEnvironment().task("gen-train", i).tables[0].name for i in range(params["demo_limit"])}
-    prompts = [[m["content"] for m in json.loads(line)["messages"] if m["role"] == "user"][0]
-               for line in (tmp_path / "work" / "demos.jsonl").read_text().splitlines()]
+    prompts = [[m["content"] for m in d["messages"] if m["role"] == "user"][0] for d in demos]
     named = [p.split("The name of this table is ", 1)[1].split(", and the headers")[0] for p in prompts]
     assert len(named) == 2 * params["demo_limit"] and not set(named) & own
+    # --respell: every table named by words of the spelling vocabulary, and named so in its SQL
+    vocabulary = {w.casefold() for w in learning_db.spelling_words()}
+    assert all({w.casefold() for w in re.findall(r"[A-Z]?[a-z]+", n)} <= vocabulary for n in named)  # GolfWinners too
+    for d, n in zip(demos, named, strict=True):
+        for m in d["messages"]:
+            for call in m.get("tool_calls") or []:
+                if call["function"]["name"] == "execute_sql" and " FROM " in call["function"]["arguments"]:
+                    assert f"`{n}`" in call["function"]["arguments"]
     first, second = named[: params["demo_limit"]], named[params["demo_limit"]:]
     assert sum(a == b for a, b in zip(first, second, strict=True)) <= 1
     assert sft["sft_steps"] >= 1 and sft["sft_final_nll"] > 0
+    # copying after the main SFT, alone and after the DB prompt
+    assert set(sft["probe_after_sft"]) == {"short", "db_prompt", "dev_names"}
+    assert [p["questions"] for p in sft["probe_after_sft"].values()] == [params["spell_probe"]] * 2 + [params["dev_probe"]]
     for ev in (result["before"], result["after"]):
         assert set(ev["tasks"]) == {"dev", "gen-heldout"}
         for task in ev["tasks"].values():
@@ -81,31 +102,47 @@ def test_quick_db_learning_benchmark_runs_every_stage(tmp_path, tiny_model_dir):
     assert trained[0]["env"] == "db" and trained[0]["split"] == "gen-train"
     assert max(trained[0]["indices"]) < params["heldout"][0]  # the held-out tables are never trained on
     assert config["environments"]["db"]["gen_train_rename_seed"] == 2  # RL under names no round used
+    assert config["rollout"]["temperature"] == 0.7  # --temperature
+    for name in ("eval_sft", "eval_grpo"):  # --eval-temperature 0: greedy evaluations
+        assert yaml.safe_load((tmp_path / "work" / name / "config.yaml").read_text())["eval"]["temperature"] == 0.0
     assert result["passed"] is None  # --quick checks the plumbing, never claims the target
 
 
 def test_spelling_stage_copies_names_made_of_no_db_word(tmp_path, tiny_model_dir):
-    # --spell-only: the synthetic stage and its greedy probe, then the result (no DB demonstrations)
+    # --spell-only: the synthetic stage and its greedy probes, then the result (no DB demonstrations);
+    # --spell-db-prompt: its questions after the DB system prompt and tools
     out = tmp_path / "spell.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "learning_db.py"), "--quick", "--work", str(tmp_path / "work"),
-         "--out", str(out), "--model", str(tiny_model_dir), "--spell-examples", "16", "--spell-only"],
+         "--out", str(out), "--model", str(tiny_model_dir), "--spell-examples", "16", "--spell-db-prompt",
+         "--spell-only"],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     spell = json.loads(out.read_text())["sft"]["spell_stage"]
     assert spell["demos"] == 16 and spell["sft_steps"] == 2  # sft.batch_size 8
     probe = spell["probe"]
-    assert probe["questions"] == 8 and probe["table_copied"] in {k / 8 for k in range(9)}
-    assert all(e["table"] and isinstance(e["generated"], str) for e in probe["examples"])
+    for p in (probe, spell["probe_db_prompt"]):  # the same 8 questions, alone and after the DB prompt
+        assert p["questions"] == 8 and p["table_copied"] in {k / 8 for k in range(9)}
+        assert all(e["table"] and isinstance(e["generated"], str) for e in p["examples"])
+    assert [e["table"] for e in spell["probe_db_prompt"]["examples"]] == [e["table"] for e in probe["examples"]]
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import learning_db
-    from agentrl_env_db.env import DBEnvironment
+    from agentrl_env_db.env import TOOLS, DBEnvironment
+    from agentrl_env_db.tasks import SYSTEM_PROMPT
 
     records = [json.loads(line) for line in (tmp_path / "work" / "spell_demos.jsonl").read_text().splitlines()]
-    assert records == learning_db.spelling_demos(16, 0)  # seed 0: reproducible
+    assert records == learning_db.spelling_demos(16, 0, in_db_prompt=True)  # seed 0: reproducible
+    assert all(r["messages"][0] == {"role": "system", "content": SYSTEM_PROMPT} and r["tools"] == TOOLS for r in records)
+    short = learning_db.spelling_demos(16, 0)  # the same questions without the DB prompt
+    assert [r["messages"][1:] for r in records] == [r["messages"] for r in short] and short[0]["tools"] is None
+    records = short
     env = DBEnvironment()
+    dev_probe = spell["probe_dev_names"]  # dev's own first 8 tables (quick), after the DB prompt
+    assert dev_probe["questions"] == 8
+    assert [e["table"] for e in dev_probe["examples"]] == [env.task("dev", i).tables[0].name
+                                                           for i in list(env.index_sets()["dev"])[:6]]
     db_words = {w.casefold() for split, indices in env.index_sets().items() for i in indices
                 for t in env.task(split, i).tables for text in (t.name, *t.columns)
                 for w in learning_db.SPELL_WORD.findall(text)}
