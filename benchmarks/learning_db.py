@@ -347,8 +347,9 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
     slips = sum(1 for d in records if d.get("metrics", {}).get("sql_errors", 0) > 0 and d["reward"] >= 1.0)
     sft_model, metrics, timings["sft_s"] = sft(work, records, demos=work / "demos.jsonl", model=model, tag="sft",
                                                epochs=params["sft_epochs"], seed=seed, lr=params["sft_lr"])
-    # copying after the main SFT, in the spelling stage's short format and after the DB prompt:
-    # which of the two the DB task lacks (forgotten, or never carried into the long prompt)
+    # copying after the main SFT: in the spelling stage's short format, after the DB prompt, and of
+    # dev's own names: which one the DB task lacks (forgotten, not carried into the long prompt, or
+    # never more than the words the spelling stage showed)
     probes = {"short": spelling_probe(sft_model, params["spell_probe"]),
               "db_prompt": spelling_probe(sft_model, params["spell_probe"], in_db_prompt=True),
               "dev_names": dev_names_probe(sft_model, params["dev_probe"])}
