@@ -31,6 +31,7 @@ The configuration is ``examples/learning/calc.yaml``; this script only sets path
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -38,7 +39,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -85,19 +88,53 @@ def subprocess_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+def _interrupt(proc: subprocess.Popen, *, grace: float) -> None:
+    """SIGINT to ``proc``; SIGKILL to its process group if it has not exited ``grace`` s later."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) here (in the main thread), so cleanup code runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def agentrl(args: list[str], log_path: Path, *, timeout: float | None = None, interrupt_after: float | None = None) -> dict[str, Any]:
     """Run ``agentrl ARGS`` with its output in ``log_path``; returns rc, seconds and whether it was interrupted.
 
     ``interrupt_after``: send SIGINT when the command is still running after this many
     seconds (``agentrl train`` then shuts its processes down), and SIGKILL its process
     group if it has not exited 120 s later.
+
+    The command runs in a session of its own (a budget's SIGKILL reaches all it started), so
+    a Ctrl-C or SIGTERM meant for the benchmark would not reach it: both are passed on as
+    SIGINT (the same shutdown), with SIGKILL to its group if it has not exited 60 s later,
+    and the benchmark then stops.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "agentrl_core.cli.main", *args]
     print(f"+ agentrl {' '.join(args)}", flush=True)
     t0 = time.monotonic()
     interrupted = False
-    with open(log_path, "w") as log:
+    with open(log_path, "w") as log, _terminate_as_exit():
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=subprocess_env(),
                                 start_new_session=True)
         try:
@@ -109,12 +146,11 @@ def agentrl(args: list[str], log_path: Path, *, timeout: float | None = None, in
                 raise RuntimeError(f"agentrl {args[0]} did not finish within {timeout} s; see {log_path}") from None
             interrupted = True
             print(f"  budget reached after {time.monotonic() - t0:.0f} s: interrupting", flush=True)
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            _interrupt(proc, grace=120)
+        except BaseException:  # Ctrl-C, or SIGTERM via _terminate_as_exit: stop the command too
+            print(f"  stopping: interrupting agentrl {args[0]}", flush=True)
+            _interrupt(proc, grace=60)
+            raise
     seconds = time.monotonic() - t0
     if proc.returncode != 0 and not interrupted:
         tail = log_path.read_text()[-3000:]
