@@ -161,7 +161,7 @@ def spelling_demos(n: int, seed: int, *, in_db_prompt: bool = False) -> list[dic
     """``n`` short demonstrations that copy made-up table and column names from a DB-style
     question into SQL, without the system prompt or tool schemas (about 150 tokens each); with
     ``in_db_prompt``, after the DB environment's system prompt and tools, as episodes ask (about
-    750 tokens: 5x dearer, but the setting the DB task needs; see ``probe_db_prompt``).
+    750 tokens: 5x dearer, but the setting the DB task needs; see :func:`copy_probes`).
 
     Why: with a Qwen2-style tokenizer a name is not the same tokens in the question and in the
     SQL: `` is reef_national_data`` is ``Ġre·ef·_n·ational·_d·ata`` and `` `reef_national_data``
@@ -205,20 +205,29 @@ SPELL_MIX_SEED_BASE = 5000  # --spell-mix's questions: other names than the spel
 RESPELL_SEED_BASE = 7000  # --respell's names
 
 
-def spelling_probe(model: Path | str, n: int = 50, *, in_db_prompt: bool = False) -> dict[str, Any]:
-    """Greedy decoding on ``n`` fresh synthetic questions of :func:`spelling_demos`' format: how
-    often the model's SQL names the question's table exactly (``FROM `name```), and examples.
-    The direct measure of copying, without the DB prompt's 650 tokens or the environment; with
-    ``in_db_prompt``, the same questions after the DB system prompt and tools, as episodes ask.
-    Fresh names, but of the spelling stage's words: :func:`dev_names_probe` asks about dev's."""
-    return copy_share(model, spelling_demos(n, SPELL_PROBE_SEED, in_db_prompt=in_db_prompt))
+def copy_probes(model: Path | str, params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Three greedy copy probes of ``model`` (loaded once), each the share of questions whose SQL
+    names the table exactly (``FROM `name```), with examples:
+
+    - ``short``: ``spell_probe`` fresh questions of :func:`spelling_demos`' format (names of
+      spelling words), without the DB prompt's 650 tokens or the environment;
+    - ``db_prompt``: the same questions after the DB system prompt and tools, as episodes ask;
+    - ``dev_names``: the same format after the DB prompt with dev's own tables (the first
+      ``dev_probe`` of 59; name, first two headers, value 5): names of words the spelling stage
+      never shows (it excludes every DB table's), which separates copying from re-spelling words
+      it was shown."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    lm = AutoModelForCausalLM.from_pretrained(model).eval()
+    questions = {"short": spelling_demos(params["spell_probe"], SPELL_PROBE_SEED),
+                 "db_prompt": spelling_demos(params["spell_probe"], SPELL_PROBE_SEED, in_db_prompt=True),
+                 "dev_names": dev_name_questions(params["dev_probe"])}
+    return {kind: copy_share(tokenizer, lm, demos) for kind, demos in questions.items()}
 
 
-def dev_names_probe(model: Path | str, n: int = 59) -> dict[str, Any]:
-    """:func:`spelling_probe` after the DB prompt with dev's own tables (the first ``n`` of 59; name,
-    first two headers, value 5): does the model copy names made of words it never re-spelled? The
-    spelling stage's words exclude every DB table's, so this separates copying from re-spelling
-    words it was shown."""
+def dev_name_questions(n: int) -> list[dict[str, Any]]:
+    """Spelling questions after the DB prompt about dev's first ``n`` tables (see :func:`copy_probes`)."""
     from agentrl_env_db.env import DBEnvironment
 
     env = DBEnvironment()
@@ -228,17 +237,14 @@ def dev_names_probe(model: Path | str, n: int = 59) -> dict[str, Any]:
         table = env.task("dev", i).tables[0]
         demos.append({"tools": tools, "messages": [system, *spelling_question(
             table.name, list(table.columns), table.columns[0], table.columns[1], "5")]})
-    return copy_share(model, demos)
+    return demos
 
 
-def copy_share(model: Path | str, demos: list[dict[str, Any]]) -> dict[str, Any]:
+def copy_share(tokenizer: Any, lm: Any, demos: list[dict[str, Any]]) -> dict[str, Any]:
     """Greedy decoding on each spelling demonstration's prompt: the share whose SQL names the
     question's table exactly (``FROM `name```), and six examples."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    lm = AutoModelForCausalLM.from_pretrained(model).eval()
     exact, examples = 0, []
     for demo in demos:
         *prompt, _answer = demo["messages"]
@@ -305,9 +311,8 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
                                                      tag="spell_sft", epochs=1, seed=seed, lr=params["sft_lr"])
         spell = {"demos": len(records), "sft_steps": len(metrics),
                  "sft_final_nll": statistics.fmean(m["nll"] for m in metrics[-20:]) if metrics else None,
-                 "probe": spelling_probe(model, params["spell_probe"]),
-                 "probe_db_prompt": spelling_probe(model, params["spell_probe"], in_db_prompt=True),
-                 "probe_dev_names": dev_names_probe(model, params["dev_probe"])}
+                 **{"probe" if kind == "short" else f"probe_{kind}": probe
+                    for kind, probe in copy_probes(model, params).items()}}
         print(f"spelling stage: {spell['demos']} synthetic questions, {spell['sft_steps']} SFT steps, "
               f"nll of the last 20 steps {spell['sft_final_nll']:.3f}; fresh questions whose table name the "
               f"model copies (greedy): {spell['probe']['table_copied']:.0%} alone, "
@@ -350,9 +355,7 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
     # copying after the main SFT: in the spelling stage's short format, after the DB prompt, and of
     # dev's own names: which one the DB task lacks (forgotten, not carried into the long prompt, or
     # never more than the words the spelling stage showed)
-    probes = {"short": spelling_probe(sft_model, params["spell_probe"]),
-              "db_prompt": spelling_probe(sft_model, params["spell_probe"], in_db_prompt=True),
-              "dev_names": dev_names_probe(sft_model, params["dev_probe"])}
+    probes = copy_probes(sft_model, params)
     print("after the main SFT, fresh table names copied (greedy): "
           + ", ".join(f"{k} {v['table_copied']:.0%}" for k, v in probes.items()), flush=True)
     return {"model": str(sft_model), "demos": len(records), "probe_after_sft": probes,
@@ -534,9 +537,7 @@ def probe_models(models: list[str], params: dict[str, Any], out: Path) -> int:
     for model in models:
         if not (Path(model) / "config.json").is_file():
             raise SystemExit(f"--probe {model}: not a model folder (no config.json)")
-        probes[model] = {"short": spelling_probe(model, params["spell_probe"]),
-                         "db_prompt": spelling_probe(model, params["spell_probe"], in_db_prompt=True),
-                         "dev_names": dev_names_probe(model, params["dev_probe"])}
+        probes[model] = copy_probes(model, params)
         print(f"{model}: fresh names copied (greedy) "
               + ", ".join(f"{k} {v['table_copied']:.0%}" for k, v in probes[model].items()), flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
