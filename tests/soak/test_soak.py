@@ -117,11 +117,23 @@ def steps_done(run_dir: Path) -> int:
     return max((int(m["step"]) for m in metrics_of(run_dir) if "step" in m), default=0)
 
 
-def wait_until(proc: subprocess.Popen, probe, what: str, timeout: float = 300) -> None:
+def tail(log: Path, chars: int = 6000) -> str:
+    return log.read_text(errors="replace")[-chars:] if log.exists() else "(no output)"
+
+
+def printed(log: Path) -> str:
+    """What the run printed, and the end of each engine's log (its run folder's logs/), for a failure message."""
+    parts = [f"the run printed:\n{tail(log)}"]
+    for engine_log in sorted((log.parent / "soak" / "logs").glob("*.log")):
+        parts.append(f"{engine_log.name} ends:\n{tail(engine_log, 1500)}")
+    return "\n".join(parts)
+
+
+def wait_until(proc: subprocess.Popen, log: Path, probe, what: str, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not probe():
-        assert proc.poll() is None, f"the run ended while waiting for {what}:\n{proc.stdout.read()[-4000:]}"
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        assert proc.poll() is None, f"the run ended while waiting for {what}; {printed(log)}"
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}; {printed(log)}"
         time.sleep(0.2)
 
 
@@ -206,12 +218,16 @@ def test_soak_faults_under_load_leak_nothing(tmp_path, tiny_model_dir, mariadb, 
     spawned.extend(w for ws in workers.values() for w in ws)
     os_pids = {w.proc.pid for w in workers["os-dev"]}
     run_dir = tmp_path / "soak"
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl_core.cli.main", "train", str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "AGENTRL_TOKEN": TOKEN})
+    # The run's output goes to a file, never a pipe: a pipe nobody reads until the end blocks the
+    # run once its 64 KiB buffer is full (a run that warns about every retried session does).
+    log = tmp_path / "train.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "agentrl_core.cli.main", "train", str(config)],
+                                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "AGENTRL_TOKEN": TOKEN})
     try:
         # fault 1, under load (step 1 trained, sessions in flight): a db task worker dies
-        wait_until(proc, lambda: steps_done(run_dir) >= 1, "step 1")
+        wait_until(proc, log, lambda: steps_done(run_dir) >= 1, "step 1")
         victim = workers["db-dev"].pop(0)
         os.kill(victim.proc.pid, signal.SIGKILL)
         victim.proc.wait()
@@ -225,19 +241,23 @@ def test_soak_faults_under_load_leak_nothing(tmp_path, tiny_model_dir, mariadb, 
                 removed.append(cid)
             return bool(removed)
 
-        wait_until(proc, remove_one, "a running os session container", timeout=120)
+        wait_until(proc, log, remove_one, "a running os session container", timeout=120)
         # fault 3: one of the two engine replicas dies (the watchdog restarts it, the other carries on)
-        wait_until(proc, lambda: steps_done(run_dir) >= 2, "step 2")
+        wait_until(proc, log, lambda: steps_done(run_dir) >= 2, "step 2")
         engines = engine_pids(run_dir)
         assert len(engines) == 2, engines
         os.kill(engines[0], signal.SIGKILL)
 
-        out, _ = proc.communicate(timeout=max(30.0, RUN_LIMIT_S - (time.monotonic() - t0)))
+        try:
+            proc.wait(timeout=max(30.0, RUN_LIMIT_S - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run did not end within {RUN_LIMIT_S} s; {printed(log)}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     run_s = time.monotonic() - t0
+    out = log.read_text(errors="replace")
     assert proc.returncode == 0, out[-6000:]
     assert "Traceback" not in out, out[-6000:]
 
