@@ -199,3 +199,39 @@ def test_config_names_the_key_of_a_wrong_gateway_or_agent_setting():
         config_from_dict({"agent": {"name": "my_agent.py:run", "my_agent": {"turns": 3}}})
     config = config_from_dict({"agent": "my_agent.py:run", "gateway": {"on_weight_update": "reject"}})
     assert config.agent.is_reference and config.gateway.on_weight_update == "reject"
+
+
+async def test_the_stall_report_sees_the_program_and_each_environment_step(gateway):
+    from agentrl_core.gateway.loop import RUNNING_PROGRAM
+    from agentrl_core.rollout.activity import Activity
+
+    activity, seen = Activity(), []
+
+    def phase():
+        (episode,) = activity.episodes.values()
+        return episode.phase, episode.turn
+
+    class Watched(CountEnv):
+        async def open(self, split, index):
+            session = await super().open(split, index)
+            answer = session.on_tool_call
+
+            async def on_tool_call(call, message):
+                seen.append(phase())  # while the environment acts
+                return await answer(call, message)
+
+            session.on_tool_call = on_tool_call
+            return session
+
+    async def steps(task, base_url):
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=task.api_key, max_retries=0) as client:
+            await client.chat.completions.create(model=task.model, messages=task.messages, max_tokens=2)
+        seen.append(phase())
+        call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+        await task.env.step({"role": "assistant", "content": "", "tool_calls": [call]})
+        seen.append(phase())
+
+    with activity.episode("g0/0", "count-test"):
+        trajectory, _ = await play(gateway, steps, env=Watched())
+    assert trajectory.status is Status.COMPLETED
+    assert seen == [(RUNNING_PROGRAM, 0), ("in the environment", 0), (RUNNING_PROGRAM, 1)]

@@ -356,6 +356,9 @@ class LoggingConfig:
     # decoded rollouts written to samples.jsonl each step (best and worst per task); 0: none
     sample_rollouts: int = field(default=2, validator=in_range(0))
     progress: bool = True  # print a line per step and a live panel on the console
+    # a step that has waited this many seconds for rollouts logs what the episodes in flight are doing
+    # (per task: phase, turn, longest wait; retries, the last failure), again each as long; 0: never
+    stall_report: float = field(default=120.0, validator=in_range(0.0))
     # <run dir>/trajectories.sqlite: every trained trajectory with its tokens (core/docs/observability.md)
     trajectory_store: bool = True
     trajectory_store_max_steps: int = field(default=100, validator=in_range(1))  # older steps are deleted

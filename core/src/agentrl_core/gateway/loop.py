@@ -35,6 +35,7 @@ from attrs import define, field, frozen
 
 from agentrl_core.errors import ConfigError
 from agentrl_core.gateway.client import GatewayClient, GatewayError
+from agentrl_core.rollout.activity import current_episode, note_phase
 from agentrl_core.types import (
     FailureKind,
     Index,
@@ -47,6 +48,8 @@ from agentrl_core.types import (
 )
 
 log = logging.getLogger(__name__)
+
+RUNNING_PROGRAM = "running the agent program"  # its phase in the stall report (rollout/activity.py)
 
 __all__ = ["AgentTask", "EnvironmentHandle", "Observation", "GatewayAgentLoop", "EpisodeFinished", "load_program"]
 
@@ -101,6 +104,7 @@ class EnvironmentHandle:
         self.steps = 0
         self.failure = ""
         self._lock = anyio.Lock()
+        self._activity = current_episode()  # the program may call step() from a thread of its own
 
     async def step(self, message: Any) -> Observation:
         """Send one assistant message (its first tool call acts, as in AgentBench); the observation comes back.
@@ -112,11 +116,16 @@ class EnvironmentHandle:
         async with self._lock:
             if self.finished:
                 raise EpisodeFinished(f"the episode has ended with status {self.status!r}; stop acting and return")
+            if self._activity is not None:
+                self._activity.note("in the environment", self.steps)
             try:
                 reply = await self._client.interact(self.session_id, [_as_message(message)])
             except Exception as exc:
                 self.failure = f"interact: {exc}"  # kept even if the program swallows the exception
                 raise EnvironmentFailure(self.failure) from exc
+            finally:
+                if self._activity is not None:
+                    self._activity.note(RUNNING_PROGRAM, self.steps + 1)
             self.steps += 1
             self.metrics = dict(reply.metrics or {})
             if reply.finish:
@@ -238,6 +247,7 @@ class GatewayAgentLoop:
                 env=env, model=session["model"], api_key=session["key"], session_id=session["id"],
                 base_url=session["base_url"], options=self.options, report=self.gateway.post_reward,
             )
+            note_phase(RUNNING_PROGRAM, 0)
             try:
                 with anyio.fail_after(self.timeout):
                     returned = await self._call(task)
@@ -249,6 +259,7 @@ class GatewayAgentLoop:
                 error = f"the agent program raised {type(exc).__name__}: {exc}"
                 log.warning("agent program on %s/%s: %s", request.task, request.index, error)
             finally:
+                note_phase("ending its session")
                 with anyio.CancelScope(shield=True):
                     record = await self._close(session["id"], returned)
         except GatewayError as exc:
@@ -271,6 +282,7 @@ class GatewayAgentLoop:
             except NoCapacity:
                 if time.monotonic() + pause > deadline:
                     raise
+                note_phase("waiting for a free worker slot")
                 await anyio.sleep(pause)
                 pause = min(pause * 2, 10.0)
 

@@ -68,6 +68,7 @@ class Trainer:
         self.stop_requested = False  # first SIGINT/SIGTERM: finish cleanly after this step
         self.aborted = False  # second signal: tear down now
         self._wait_scope: anyio.CancelScope | None = None
+        self._waiting: tuple[float, int] | None = None  # while the learner waits for rollouts: (since, groups needed)
         self.history: list[dict[str, Any]] = []
         self.progress: TrainProgress | None = None
         self.store: Any = None  # the trajectory store (train.trajstore), when logging.trajectory_store
@@ -290,6 +291,8 @@ class Trainer:
                         watch.start_soon(self._watch_signals, watch.cancel_scope)
                     if self.progress is not None:
                         watch.start_soon(self.progress.run)
+                    if c.logging.stall_report > 0:
+                        watch.start_soon(self._report_stalls, c.logging.stall_report)
                     if c.train.mode == "async":
                         await self._run_async()
                     else:
@@ -360,8 +363,10 @@ class Trainer:
             while self.step < c.train.total_steps and not self.stop_requested:
                 t0 = time.monotonic()
                 minimum = warmup_minimum(batch, c.rollout.warmup_factor, c.rollout.n_samples) if first else batch
+                self._waiting = (t0, minimum // c.rollout.n_samples)
                 with anyio.CancelScope() as self._wait_scope:
                     trajectories = await self.buffer.get(minimum)
+                self._waiting = None
                 if self._wait_scope.cancel_called:
                     break
                 first = False
@@ -385,8 +390,10 @@ class Trainer:
         c = self.config
         while self.step < c.train.total_steps and not self.stop_requested:
             t0 = time.monotonic()
+            self._waiting = (t0, c.rollout.batch_size)
             with anyio.CancelScope() as self._wait_scope:  # groups cut short are issued again on resume
                 await self.manager.run_batch(c.rollout.batch_size)
+            self._waiting = None
             if self._wait_scope.cancel_called:
                 break
             # every ready group (dynamic sampling's rounds may bring a few more useful ones than the
@@ -655,6 +662,22 @@ class Trainer:
         _truncate_log(self.run_dir / "trained_groups.jsonl", self.step)  # steps after it were lost with the kill
         self.echo(f"resumed from {path} at step {self.step}; {len(self.stream.outstanding)} groups re-issued first")
 
+    async def _report_stalls(self, every: float) -> None:
+        """While the learner has waited ``every`` seconds for rollouts, log what is in flight; again each ``every``."""
+        current, reports = None, 0
+        while True:
+            await anyio.sleep(min(every / 4, 5.0))
+            waiting = self._waiting
+            if waiting != current:
+                current, reports = waiting, 0
+            if waiting is None:
+                continue
+            waited = time.monotonic() - waiting[0]
+            if waited >= every * (reports + 1):
+                reports += 1
+                log.warning("%s", stall_report(self.step + 1, self.config.train.total_steps, waited, waiting[1],
+                                               self.manager, self.buffer))
+
     async def _watch_signals(self, scope: anyio.CancelScope) -> None:
         """Ctrl-C or SIGTERM once: stop after the current step, checkpoint, save, exit. Twice: abort now."""
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -701,6 +724,22 @@ class Trainer:
 
 class WeightSyncTimeout(AgentrlError):
     """A weight-sync call on the learner ranks did not finish in time."""
+
+
+def stall_report(step: int, total: int, waited: float, groups_needed: int, manager: Any, buffer: Any) -> str:
+    """What a step that has waited long for rollouts is waiting on: the episodes in flight, by task and phase."""
+    activity = manager.activity.describe()
+    episodes = len(manager.activity.episodes)
+    lines = [f"step {step} of {total} has waited {waited:.0f} s for rollouts: {buffer.ready_groups} of "
+             f"{groups_needed} groups ready, "
+             + (f"{episodes} episode{'s' * (episodes != 1)} in flight: {activity}" if episodes else
+                "no episode in flight")]
+    retries, dropped = int(manager.counters.get("infra_retries", 0)), manager.groups_dropped
+    if retries or dropped:
+        lines.append(f"so far {retries} episode{'s' * (retries != 1)} retried after infrastructure failures and "
+                     f"{dropped} group{'s' * (dropped != 1)} dropped; the last failure: {manager.last_failure or 'unknown'}")
+    lines.append("the workers' and engines' own logs say more (engines: <run dir>/logs/)")
+    return "\n  ".join(lines)
 
 
 def no_signal_note(trajectories: list[Any], step: int) -> str:

@@ -31,6 +31,7 @@ import anyio
 import attrs
 from attrs import field, frozen
 
+from agentrl_core.rollout.activity import note_phase
 from agentrl_core.rollout.chat_encoding import ChatEncoder, TemplateError, probe_template
 from agentrl_core.rollout.sampler import turn_rng
 from agentrl_core.types import (
@@ -198,10 +199,12 @@ class ChatAgentLoop:
             except NoCapacity:
                 if time.monotonic() + pause > deadline:
                     raise
+                note_phase("waiting for a free worker slot")
                 await anyio.sleep(pause)
                 pause = min(pause * 2, 10.0)
 
     async def _end_session(self, session_id: Any) -> None:
+        note_phase("ending its session")
         try:
             with anyio.fail_after(30):
                 await self.env_client.cancel(session_id)
@@ -221,6 +224,7 @@ class ChatAgentLoop:
             if remaining <= 0:
                 state.finish(Status.AGENT_CONTEXT_LIMIT, 0.0)
                 return
+            note_phase("generating", turn)
             result = await self._generate_turn(state, turn, encoder, min(s.max_new_tokens, remaining))
             ids = list(result.ids)
             state.append(ids, mask=1, logprobs=result.logprobs, versions=result.versions)
@@ -236,6 +240,7 @@ class ChatAgentLoop:
             if len(state.ids) >= s.max_total_len:
                 state.finish(Status.AGENT_CONTEXT_LIMIT, 0.0)
                 return
+            note_phase("in the environment", turn)
             try:
                 reply = await self.env_client.interact(session_id, [message])
             except Exception as exc:

@@ -36,6 +36,7 @@ from typing import Any
 import anyio
 
 from agentrl_core.errors import AgentrlError
+from agentrl_core.rollout.activity import Activity
 from agentrl_core.rollout.agent_loop import RolloutRequest
 from agentrl_core.train.buffer import AddResult, BufferClosed, GroupBuffer
 from agentrl_core.train.task_stream import GroupTask, TaskStream
@@ -79,6 +80,7 @@ class RolloutManager:
         self.retry_backoff = retry_backoff
         self.groups_started = 0
         self.in_flight = 0
+        self.activity = Activity()  # what each episode in flight does now (the run's stall report)
         self.counters: Counter[str] = Counter()
         self.statuses: Counter[str] = Counter()  # every finished episode, infra failures included
         self._progress = anyio.Event()
@@ -215,7 +217,8 @@ class RolloutManager:
             async with self.limiter:
                 self.in_flight += 1
                 try:
-                    trajectory = await self.agent_loop.run(request)
+                    with self.activity.episode(request.uid, group.task):
+                        trajectory = await self.agent_loop.run(request)
                 except Exception as exc:  # a bug or an unexpected failure: infra, never a score
                     log.exception("sample %s of group %s raised", sample, group.group_id)
                     self.counters["loop_exceptions"] += 1
