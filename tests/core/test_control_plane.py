@@ -450,3 +450,24 @@ async def test_a_custom_task_at_index_minus_one_reaches_the_worker():
             with pytest.raises(RequestRejected, match="is not an index"):  # -1 without a custom task is checked
                 await client.start("echo-std", -1)
         assert [(b["index"], b["custom_task"]) for b in seen] == [(-1, {"question": "1 + 1"})]
+
+
+async def test_an_unforeseen_error_while_starting_leaves_no_session_listed():
+    # the soak once left a session listed for good: a write to a connection its dead worker had
+    # reset raised RuntimeError (uvloop) in start_sample, past the handlers of transport errors
+    env = EchoEnv()
+    async with local_control_plane(fast_config()) as plane:
+        await plane.add_worker(env, "std")
+        (worker,) = plane.controller.state.tasks["echo-std"].workers.values()
+
+        async def broken(*args, **kwargs):
+            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+
+        worker.pool.request_json = broken
+        async with ControllerClient(plane.url) as client:
+            with pytest.raises(Exception, match="500|internal"):
+                await client.start("echo-std", 0)
+            assert await client.list_sessions() == {}
+            del worker.pool.request_json  # the class's own again
+            started = await client.start("echo-std", 1)
+            assert started.status is Status.RUNNING and list(await client.list_sessions()) == [str(started.session_id)]

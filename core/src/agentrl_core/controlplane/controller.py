@@ -137,6 +137,9 @@ class Controller:
                 self._start_failed(session, worker, exc)
                 raise HTTPError(504, f"worker {worker.id} of task {name!r} did not start the session within "
                                      f"{self.config.start_timeout:g} s") from None
+            except Exception as exc:  # unforeseen: the session must not stay listed with no client to end it
+                self._start_failed(session, worker, f"{type(exc).__name__}: {exc}")
+                raise
             finally:  # a reconciliation running meanwhile must not judge this session by an older list
                 session.busy = False
                 session.last_update = time.monotonic()

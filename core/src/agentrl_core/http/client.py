@@ -39,6 +39,10 @@ class RequestTimeout(TransportError):
     """No complete response arrived in time."""
 
 
+class _NotSent(ConnectionBroken):
+    """The connection was closed before a byte of the request went out: any request may be sent again."""
+
+
 class Response:
     __slots__ = ("status", "headers", "body")
 
@@ -121,13 +125,26 @@ class _Connection(asyncio.Protocol):
         self._body = []
         self._complete = False  # set to 'reusable' when the response completes
         self.got_bytes = False
-        self.waiter = asyncio.get_running_loop().create_future()
-        assert self.transport is not None
-        self.transport.write(data)
-        return self.waiter
+        transport = self.transport
+        assert transport is not None
+        if not self.open():
+            self.closed = True
+            raise _NotSent(f"the connection to {self.pool.origin} closed before the request was sent")
+        waiter = asyncio.get_running_loop().create_future()
+        try:
+            transport.write(data)
+        except RuntimeError:  # uvloop, when the handle closed under us: nothing was sent
+            self.closed = True
+            raise _NotSent(f"the connection to {self.pool.origin} closed before the request was sent") from None
+        self.waiter = waiter
+        return waiter
+
+    def open(self) -> bool:
+        """Not closed, also by the peer: a reset closes the transport at once, ``connection_lost`` only comes later."""
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
 
     def reusable(self) -> bool:
-        return not self.closed and self._complete
+        return self.open() and self._complete
 
     def _fail(self, exc: Exception) -> None:
         waiter = self.waiter
@@ -189,7 +206,7 @@ class Pool:
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
-            if not conn.closed and now - conn.idle_since < self.idle_timeout:
+            if conn.open() and now - conn.idle_since < self.idle_timeout:
                 return conn
             conn.close()
         return None
@@ -223,6 +240,9 @@ class Pool:
             conn = await self._connect()
         try:
             return await self._exchange(conn, data, timeout)
+        except _NotSent:
+            if not reused:
+                raise
         except ConnectionBroken:
             if not (reused and retry_stale and not conn.got_bytes):
                 raise
