@@ -73,7 +73,7 @@ TRAIN_TABLES_END = 346  # gen-train indices [0, 346): 44 tables; [346, 426): 10 
 FULL = {
     "size": "tiny", "demo_limit": TRAIN_TABLES_END, "demo_repeats": 1, "rename_rounds": 0, "copy_rounds": 0,
     "copy_epochs": 2, "error_rate": 0.3, "sft_epochs": 2, "sft_lr": None,
-    "spell_examples": 0, "spell_only": False, "spell_probe": 50, "dev_probe": 59, "spell_mix": 0, "spell_db_prompt": False,
+    "spell_examples": 0, "spell_only": False, "spell_vocab": "words", "spell_probe": 50, "dev_probe": 59, "spell_mix": 0, "spell_db_prompt": False,
     "respell": False, "eval_temperature": None,
     "dev_limit": None, "heldout": [TRAIN_TABLES_END, 426], "eval_repeats": 2,
     "total_steps": 300, "checkpoint_every": 5, "budget_s": 900.0, "n_samples": 8, "batch_size": 4,
@@ -81,7 +81,7 @@ FULL = {
 }
 QUICK = {
     "size": "tiny", "demo_limit": 12, "demo_repeats": 1, "rename_rounds": 0, "copy_rounds": 0, "copy_epochs": 1,
-    "error_rate": 0.3, "sft_epochs": 1, "sft_lr": None, "spell_examples": 0, "spell_only": False, "spell_probe": 8, "dev_probe": 8,
+    "error_rate": 0.3, "sft_epochs": 1, "sft_lr": None, "spell_examples": 0, "spell_only": False, "spell_vocab": "words", "spell_probe": 8, "dev_probe": 8,
     "spell_mix": 0, "spell_db_prompt": False, "respell": False, "eval_temperature": None,
     "dev_limit": 3, "heldout": [TRAIN_TABLES_END, TRAIN_TABLES_END + 3], "eval_repeats": 2,
     "total_steps": 2, "checkpoint_every": 1, "budget_s": 600.0, "n_samples": 2, "batch_size": 2,
@@ -96,14 +96,10 @@ MODIFY_KINDS = ("INSERT", "UPDATE", "DELETE")
 SPELL_WORD = re.compile(r"[A-Za-z]{3,12}")
 
 
-@functools.cache  # the training questions and the probe's draw from the same words: read the texts once
-def spelling_words() -> tuple[str, ...]:
-    """Words for the spelling stage: the texts of the installed plugins other than DB (KG,
-    WebShop, ALFWorld, OS, ...) seen at least 3 times, without any word of any DB table's name or
-    headers (every split: no evaluation name is ever spelled in this stage). Sorted, capitalized."""
+@functools.cache
+def db_name_words() -> frozenset[str]:
+    """Every word (casefolded) of every DB table's name and headers, in every split."""
     from agentrl_env_db.env import DBEnvironment
-
-    from agentrl_core.tinymodel.model import corpus_sources, training_corpus
 
     env = DBEnvironment()
     db_words = set()
@@ -112,6 +108,17 @@ def spelling_words() -> tuple[str, ...]:
             for table in env.task(split, i).tables:
                 for text in (table.name, *table.columns):
                     db_words.update(w.casefold() for w in SPELL_WORD.findall(text))
+    return frozenset(db_words)
+
+
+@functools.cache  # the training questions and the probe's draw from the same words: read the texts once
+def spelling_words() -> tuple[str, ...]:
+    """Words for the spelling stage: the texts of the installed plugins other than DB (KG,
+    WebShop, ALFWorld, OS, ...) seen at least 3 times, without any word of any DB table's name or
+    headers (every split: no evaluation name is ever spelled in this stage). Sorted, capitalized."""
+    from agentrl_core.tinymodel.model import corpus_sources, training_corpus
+
+    db_words = db_name_words()
     counts: Counter[str] = Counter()
     for folder in corpus_sources():
         if "agentrl_env_db" in str(folder):
@@ -122,10 +129,31 @@ def spelling_words() -> tuple[str, ...]:
     return tuple(sorted({w.capitalize() for w, c in counts.items() if c >= 3 and w.casefold() not in db_words}))
 
 
-def spelled_name(rng: random.Random) -> str:
-    """A made-up table name of 1-3 spelling words in one of dev's four styles
-    (``Golf Winners``, ``golf_winners``, ``Golf_Winners``, ``GolfWinners``)."""
-    parts = rng.sample(spelling_words(), rng.choice((1, 2, 2, 3)))
+PIECE_WORDS = 20_000  # --spell-vocab pieces: made-up words drawn
+
+
+@functools.cache
+def piece_words(model: str) -> tuple[str, ...]:
+    """Made-up words of 1-3 alphabetic pieces of ``model``'s tokenizer vocabulary (every such piece,
+    with or without its leading space; 2,584 for `agentrl model init`'s tokenizer), none a word of
+    a DB name. Where :func:`spelling_words` re-spells the words it shows, these cover the pieces
+    every name is made of, which is what copying an unseen name needs (``--spell-vocab pieces``)."""
+    from transformers import AutoTokenizer
+
+    vocab = AutoTokenizer.from_pretrained(model).get_vocab()
+    pieces = sorted({t.lstrip("\u0120").lower() for t in vocab if re.fullmatch("\u0120?[A-Za-z]{2,}", t)})
+    rng, db_words, words = random.Random(0), db_name_words(), set()
+    while len(words) < PIECE_WORDS:
+        word = "".join(rng.choice(pieces) for _ in range(rng.choice((1, 2, 2, 3))))
+        if 3 <= len(word) <= 14 and word not in db_words:
+            words.add(word.capitalize())
+    return tuple(sorted(words))
+
+
+def spelled_name(rng: random.Random, words: tuple[str, ...] | None = None) -> str:
+    """A made-up table name of 1-3 spelling words (default :func:`spelling_words`) in one of
+    dev's four styles (``Golf Winners``, ``golf_winners``, ``Golf_Winners``, ``GolfWinners``)."""
+    parts = rng.sample(words or spelling_words(), rng.choice((1, 2, 2, 3)))
     style = rng.randrange(4)
     if style == 0:
         return " ".join(parts)
@@ -157,7 +185,8 @@ def db_prompt() -> tuple[dict[str, str], list[dict[str, Any]]]:
     return {"role": "system", "content": SYSTEM_PROMPT}, list(TOOLS)
 
 
-def spelling_demos(n: int, seed: int, *, in_db_prompt: bool = False) -> list[dict[str, Any]]:
+def spelling_demos(n: int, seed: int, *, in_db_prompt: bool = False,
+                   words: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
     """``n`` short demonstrations that copy made-up table and column names from a DB-style
     question into SQL, without the system prompt or tool schemas (about 150 tokens each); with
     ``in_db_prompt``, after the DB environment's system prompt and tools, as episodes ask (about
@@ -168,9 +197,9 @@ def spelling_demos(n: int, seed: int, *, in_db_prompt: bool = False) -> list[dic
     is ``Ġ`·ree·f·_n·ational·_d·ata``. Copying a name means re-spelling its first piece (for
     every dev name; more than the first piece for 1 in 5), which a pretrained model knows and a
     model built from scratch must learn for each piece. This stage shows many pieces cheaply:
-    words from other plugins' texts (:func:`spelling_words`) in dev's four name styles."""
+    words from other plugins' texts (:func:`spelling_words`, or ``words``) in dev's four name styles."""
     rng = random.Random(seed)
-    words = spelling_words()
+    words = words or spelling_words()
     system, tools = db_prompt() if in_db_prompt else (None, None)
 
     def header() -> str:
@@ -178,7 +207,7 @@ def spelling_demos(n: int, seed: int, *, in_db_prompt: bool = False) -> list[dic
 
     records = []
     for i in range(n):
-        table = spelled_name(rng)
+        table = spelled_name(rng, words)
         headers = list(dict.fromkeys(header() for _ in range(rng.randint(3, 6))))
         asked, given = rng.sample(headers, 2)
         value = str(rng.randint(1, 2000)) if rng.random() < 0.3 else rng.choice(words).lower()
@@ -215,28 +244,32 @@ def copy_probes(model: Path | str, params: dict[str, Any]) -> dict[str, dict[str
     - ``dev_names``: the same format after the DB prompt with dev's own tables (the first
       ``dev_probe`` of 59; name, first two headers, value 5): names of words the spelling stage
       never shows (it excludes every DB table's), which separates copying from re-spelling words
-      it was shown."""
+      it was shown;
+    - ``dev_names_short``: the same dev questions without the DB prompt (copying unseen names,
+      apart from the long prompt's effect)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     lm = AutoModelForCausalLM.from_pretrained(model).eval()
     questions = {"short": spelling_demos(params["spell_probe"], SPELL_PROBE_SEED),
                  "db_prompt": spelling_demos(params["spell_probe"], SPELL_PROBE_SEED, in_db_prompt=True),
-                 "dev_names": dev_name_questions(params["dev_probe"])}
+                 "dev_names": dev_name_questions(params["dev_probe"]),
+                 "dev_names_short": dev_name_questions(params["dev_probe"], in_db_prompt=False)}
     return {kind: copy_share(tokenizer, lm, demos) for kind, demos in questions.items()}
 
 
-def dev_name_questions(n: int) -> list[dict[str, Any]]:
-    """Spelling questions after the DB prompt about dev's first ``n`` tables (see :func:`copy_probes`)."""
+def dev_name_questions(n: int, *, in_db_prompt: bool = True) -> list[dict[str, Any]]:
+    """Spelling questions (after the DB prompt unless not ``in_db_prompt``) about dev's first ``n``
+    tables (see :func:`copy_probes`)."""
     from agentrl_env_db.env import DBEnvironment
 
     env = DBEnvironment()
-    system, tools = db_prompt()
+    system, tools = db_prompt() if in_db_prompt else (None, None)
     demos = []
     for i in list(env.index_sets()["dev"])[:n]:
         table = env.task("dev", i).tables[0]
-        demos.append({"tools": tools, "messages": [system, *spelling_question(
-            table.name, list(table.columns), table.columns[0], table.columns[1], "5")]})
+        messages = spelling_question(table.name, list(table.columns), table.columns[0], table.columns[1], "5")
+        demos.append({"tools": tools, "messages": [system, *messages] if system else messages})
     return demos
 
 
@@ -306,7 +339,8 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
     spell = copy = None
     if params["spell_examples"]:
         # Stage 0: copying names into SQL on short synthetic questions (spelling_demos' docstring says why)
-        records = spelling_demos(params["spell_examples"], seed, in_db_prompt=params["spell_db_prompt"])
+        words = piece_words(str(model)) if params["spell_vocab"] == "pieces" else None
+        records = spelling_demos(params["spell_examples"], seed, in_db_prompt=params["spell_db_prompt"], words=words)
         model, metrics, timings["spell_sft_s"] = sft(work, records, demos=work / "spell_demos.jsonl", model=model,
                                                      tag="spell_sft", epochs=1, seed=seed, lr=params["sft_lr"])
         spell = {"demos": len(records), "sft_steps": len(metrics),
@@ -317,7 +351,8 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
               f"nll of the last 20 steps {spell['sft_final_nll']:.3f}; fresh questions whose table name the "
               f"model copies (greedy): {spell['probe']['table_copied']:.0%} alone, "
               f"{spell['probe_db_prompt']['table_copied']:.0%} after the DB prompt; dev's own names after the DB "
-              f"prompt: {spell['probe_dev_names']['table_copied']:.0%}", flush=True)
+              f"prompt: {spell['probe_dev_names']['table_copied']:.0%}, alone: "
+              f"{spell['probe_dev_names_short']['table_copied']:.0%}", flush=True)
         if params["spell_only"]:
             return {"model": str(model), "spell_stage": spell, "timings": timings}
         if eval_copy_stage and not params["copy_rounds"]:
@@ -575,6 +610,9 @@ def main() -> int:
                              "names (words of other plugins' texts; see spelling_demos) (default 0: none)")
     parser.add_argument("--spell-only", action="store_true",
                         help="stop after the spelling stage and its probe (a capacity study: does the model copy?)")
+    parser.add_argument("--spell-vocab", choices=("words", "pieces"), default="words",
+                        help="the spelling stage's words: other plugins' words (default), or made-up words of the "
+                             "tokenizer's pieces (every piece a name can begin with)")
     parser.add_argument("--spell-mix", type=int, default=None,
                         help="add this many fresh spelling questions to the main SFT's DB demonstrations, so that it "
                              "keeps the spelling stage's copying (default 0)")
@@ -615,6 +653,7 @@ def main() -> int:
             raise SystemExit(f"--sft-lr {args.sft_lr}: must be positive")
         params["sft_lr"] = args.sft_lr
     params["respell"] = args.respell
+    params["spell_vocab"] = args.spell_vocab
     params["spell_db_prompt"] = args.spell_db_prompt
     if args.temperature is not None:
         if args.temperature <= 0:

@@ -78,8 +78,8 @@ def test_quick_db_learning_benchmark_runs_every_stage(tmp_path, tiny_model_dir):
     assert sum(a == b for a, b in zip(first, second, strict=True)) <= 1
     assert sft["sft_steps"] >= 1 and sft["sft_final_nll"] > 0
     # copying after the main SFT, alone and after the DB prompt
-    assert set(sft["probe_after_sft"]) == {"short", "db_prompt", "dev_names"}
-    assert [p["questions"] for p in sft["probe_after_sft"].values()] == [params["spell_probe"]] * 2 + [params["dev_probe"]]
+    assert set(sft["probe_after_sft"]) == {"short", "db_prompt", "dev_names", "dev_names_short"}
+    assert [p["questions"] for p in sft["probe_after_sft"].values()] == [params["spell_probe"]] * 2 + [params["dev_probe"]] * 2
     for ev in (result["before"], result["after"]):
         assert set(ev["tasks"]) == {"dev", "gen-heldout"}
         for task in ev["tasks"].values():
@@ -110,12 +110,13 @@ def test_quick_db_learning_benchmark_runs_every_stage(tmp_path, tiny_model_dir):
 
 def test_spelling_stage_copies_names_made_of_no_db_word(tmp_path, tiny_model_dir):
     # --spell-only: the synthetic stage and its greedy probes, then the result (no DB demonstrations);
-    # --spell-db-prompt: its questions after the DB system prompt and tools
+    # --spell-db-prompt: its questions after the DB system prompt and tools; --spell-vocab pieces:
+    # names of made-up words of the tokenizer's pieces
     out = tmp_path / "spell.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "learning_db.py"), "--quick", "--work", str(tmp_path / "work"),
          "--out", str(out), "--model", str(tiny_model_dir), "--spell-examples", "16", "--spell-db-prompt",
-         "--spell-only"],
+         "--spell-vocab", "pieces", "--spell-only"],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -133,16 +134,18 @@ def test_spelling_stage_copies_names_made_of_no_db_word(tmp_path, tiny_model_dir
     from agentrl_env_db.tasks import SYSTEM_PROMPT
 
     records = [json.loads(line) for line in (tmp_path / "work" / "spell_demos.jsonl").read_text().splitlines()]
-    assert records == learning_db.spelling_demos(16, 0, in_db_prompt=True)  # seed 0: reproducible
+    words = learning_db.piece_words(str(tiny_model_dir))
+    assert records == learning_db.spelling_demos(16, 0, in_db_prompt=True, words=words)  # seed 0: reproducible
     assert all(r["messages"][0] == {"role": "system", "content": SYSTEM_PROMPT} and r["tools"] == TOOLS for r in records)
-    short = learning_db.spelling_demos(16, 0)  # the same questions without the DB prompt
+    short = learning_db.spelling_demos(16, 0, words=words)  # the same questions without the DB prompt
     assert [r["messages"][1:] for r in records] == [r["messages"] for r in short] and short[0]["tools"] is None
     records = short
     env = DBEnvironment()
-    dev_probe = spell["probe_dev_names"]  # dev's own first 8 tables (quick), after the DB prompt
-    assert dev_probe["questions"] == 8
-    assert [e["table"] for e in dev_probe["examples"]] == [env.task("dev", i).tables[0].name
-                                                           for i in list(env.index_sets()["dev"])[:6]]
+    for kind in ("dev_names", "dev_names_short"):  # dev's own first 8 tables (quick), after the DB prompt and alone
+        dev_probe = spell[f"probe_{kind}"]
+        assert dev_probe["questions"] == 8
+        assert [e["table"] for e in dev_probe["examples"]] == [env.task("dev", i).tables[0].name
+                                                               for i in list(env.index_sets()["dev"])[:6]]
     db_words = {w.casefold() for split, indices in env.index_sets().items() for i in indices
                 for t in env.task(split, i).tables for text in (t.name, *t.columns)
                 for w in learning_db.SPELL_WORD.findall(text)}
@@ -155,3 +158,8 @@ def test_spelling_stage_copies_names_made_of_no_db_word(tmp_path, tiny_model_dir
         assert f"FROM `{table(record)}` WHERE `" in query
     probe_tables = {e["table"] for e in probe["examples"]}  # the probe asks about names not trained on
     assert probe_tables and not probe_tables & {table(r) for r in records}
+    # the pieces' words: 20,000 made-up words, none a DB word, of the tokenizer's alphabetic pieces
+    vocab = {w.casefold() for w in words}
+    assert len(vocab) == learning_db.PIECE_WORDS and not vocab & db_words
+    split_names = [table(r) for r in records if re.search("[ _]", table(r))]  # all but the CamelCase style
+    assert len(split_names) >= 8 and all({w.casefold() for w in re.split("[ _]", n)} <= vocab for n in split_names)
