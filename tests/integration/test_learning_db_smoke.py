@@ -163,3 +163,41 @@ def test_spelling_stage_copies_names_made_of_no_db_word(tmp_path, tiny_model_dir
     assert len(vocab) == learning_db.PIECE_WORDS and not vocab & db_words
     split_names = [table(r) for r in records if re.search("[ _]", table(r))]  # all but the CamelCase style
     assert len(split_names) >= 8 and all({w.casefold() for w in re.split("[ _]", n)} <= vocab for n in split_names)
+
+
+def test_copy_tokens_counts_the_words_a_call_must_respell(tmp_path, tiny_model_dir):
+    # hand-made demonstrations first: the counts are known
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import copy_tokens
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    def demo(question, arguments, name="execute_sql", content=""):
+        call = {"id": "c0", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+        return {"tools": None, "messages": [{"role": "user", "content": question},
+                                            {"role": "assistant", "content": content, "tool_calls": [call]}]}
+
+    # `reef_national_data`: reef follows a backtick in the call, a space in the question (Ġre·ef vs Ġ`·ree·f);
+    # national and data follow an underscore in both; the reply's own text repeating the name is not counted
+    sql = demo("The name of this table is reef_national_data.", {"query": "SELECT * FROM `reef_national_data`"},
+               content="I read reef_national_data.")
+    # cabinet follows a space in both (the quote precedes "walk", never read; words have 3 characters or more)
+    act = demo("You see a cabinet 1. You can go there.", {"action": "walk go to cabinet 1"}, name="take_action")
+    result = copy_tokens.analyse(tokenizer, [sql, act])
+    assert (result["tool_calls"], result["copied_words"], result["token_identical"]) == (2, 4, 3)
+    assert result["calls_needing_respelling"] == 1 and result["respelled_after_quote_or_bracket"] == 1
+    assert result["most_respelled"] == [["reef", 1]] or result["most_respelled"] == [("reef", 1)]
+
+    # then the real command on each environment's oracle demonstrations
+    out = tmp_path / "copy.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "copy_tokens.py"), "--quick", "--model",
+                           str(tiny_model_dir), "--work", str(tmp_path / "work"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    envs = json.loads(out.read_text())["environments"]
+    assert set(envs) == {"db", "kg", "webshop", "alfworld"}
+    for r in envs.values():
+        assert r["demonstrations"] == 3 and r["tool_calls"] >= 3 and 0 < r["token_identical"] <= r["copied_words"]
+    assert envs["db"]["calls_needing_respelling"] >= 1  # every SELECT names its table after a backtick
+    assert envs["alfworld"]["calls_needing_respelling"] == 0  # actions copy names after a space, as read
