@@ -42,3 +42,19 @@ def world_of_one():
     yield
     if created:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    """The tiny model's tokenizer (a test module may define its own)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def parser():
+    """The Qwen2.5 tool-call parser the chat loop's tests use."""
+    from agentrl_core.rollout.tool_parsers import Qwen25Parser
+
+    return Qwen25Parser(None)

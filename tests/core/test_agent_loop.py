@@ -88,20 +88,6 @@ def canonical_call(name, args):
     return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(args)}}}\n</tool_call>'
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def parser():
-    from agentrl_core.rollout.tool_parsers import Qwen25Parser
-
-    return Qwen25Parser(None)
-
-
 def make_loop(tokenizer, parser, pool, env, **settings):
     return ChatAgentLoop(
         tokenizer=tokenizer, env_client=LocalEnvClient({"sum-test": (env, "test")}), pools={"current": pool},

@@ -11,6 +11,7 @@ tested: agentrl's servers run on uvloop when it is installed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -45,12 +46,22 @@ async def keep_alive_server() -> tuple[asyncio.Server, list[bytes]]:
     return await asyncio.start_server(handle, "127.0.0.1", 0), seen
 
 
-async def test_an_idle_connection_closed_by_the_peer_is_not_used_and_nothing_is_lost():
+@contextlib.asynccontextmanager
+async def pool_with_an_idle_connection():
+    """A pool whose one idle connection has answered ``GET /first``; the requests the server saw."""
     server, seen = await keep_alive_server()
-    port = server.sockets[0].getsockname()[1]
-    pool = Pool("127.0.0.1", port)
+    pool = Pool("127.0.0.1", server.sockets[0].getsockname()[1])
     try:
         assert (await pool.request("GET", "/first")).status == 200
+        yield pool, seen
+    finally:
+        pool.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_an_idle_connection_closed_by_the_peer_is_not_used_and_nothing_is_lost():
+    async with pool_with_an_idle_connection() as (pool, seen):
         (idle,) = pool._idle
         idle.transport.abort()  # as a reset does: closed now, connection_lost on a later pass of the loop
         assert not idle.closed  # the protocol has not heard yet
@@ -58,19 +69,10 @@ async def test_an_idle_connection_closed_by_the_peer_is_not_used_and_nothing_is_
         response = await pool.request("POST", "/interact", b"{}", retry_stale=False)
         assert (response.status, response.body) == (200, b"ok")
         assert seen == [b"GET /first HTTP/1.1", b"POST /interact HTTP/1.1"]
-    finally:
-        pool.close()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_a_connection_closed_between_taking_and_sending_is_sent_again_on_a_new_one():
-    server, seen = await keep_alive_server()
-    port = server.sockets[0].getsockname()[1]
-    pool = Pool("127.0.0.1", port)
-    try:
-        assert (await pool.request("GET", "/first")).status == 200
-        (idle,) = pool._idle
+    async with pool_with_an_idle_connection() as (pool, seen):
         take = pool._take_idle
 
         def take_then_reset():  # the reset lands after the pool's check, before the write
@@ -81,21 +83,14 @@ async def test_a_connection_closed_between_taking_and_sending_is_sent_again_on_a
         pool._take_idle = take_then_reset
         response = await pool.request("POST", "/start_sample", b"{}", retry_stale=False)
         assert response.status == 200 and seen[-1] == b"POST /start_sample HTTP/1.1"
-    finally:
-        pool.close()
-        server.close()
-        await server.wait_closed()
+        port = pool.port
     pool = Pool("127.0.0.1", port)  # the server is gone: a new connection fails as before
     with pytest.raises(ConnectFailed):
         await pool.request("GET", "/gone")
 
 
 async def test_a_write_refused_by_a_closed_handle_is_sent_again_on_a_new_connection():
-    server, seen = await keep_alive_server()
-    port = server.sockets[0].getsockname()[1]
-    pool = Pool("127.0.0.1", port)
-    try:
-        assert (await pool.request("GET", "/first")).status == 200
+    async with pool_with_an_idle_connection() as (pool, seen):
         (idle,) = pool._idle
 
         class ClosedHandle:  # what uvloop's transport does when its handle closed under a reset
@@ -114,7 +109,3 @@ async def test_a_write_refused_by_a_closed_handle_is_sent_again_on_a_new_connect
         idle.transport = ClosedHandle(idle.transport)
         response = await pool.request("POST", "/interact", b"{}", retry_stale=False)
         assert response.status == 200 and seen[-1] == b"POST /interact HTTP/1.1" and idle.closed
-    finally:
-        pool.close()
-        server.close()
-        await server.wait_closed()

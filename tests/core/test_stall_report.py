@@ -32,20 +32,6 @@ def anyio_backend():
     return "asyncio"
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def parser():
-    from agentrl_core.rollout.tool_parsers import Qwen25Parser
-
-    return Qwen25Parser(None)
-
-
 def test_describe_groups_by_task_and_phase_longest_wait_first():
     activity = Activity()
     now = 1000.0
