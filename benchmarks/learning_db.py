@@ -235,7 +235,7 @@ RESPELL_SEED_BASE = 7000  # --respell's names
 
 
 def copy_probes(model: Path | str, params: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Three greedy copy probes of ``model`` (loaded once), each the share of questions whose SQL
+    """Four greedy copy probes of ``model`` (loaded once), each the share of questions whose SQL
     names the table exactly (``FROM `name```), with examples:
 
     - ``short``: ``spell_probe`` fresh questions of :func:`spelling_demos`' format (names of
