@@ -14,44 +14,76 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--error-rate", type=float, default=0.0, help="probability of a deliberate mistake per step")
     p.add_argument("--repeats", type=int, default=1, help="episodes per index (different seeds)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--concurrency", type=int, default=4,
+                   help="episodes played at once (default 4); the file keeps index order either way")
     p.add_argument("--config", help="YAML config whose environments.<env> section configures the environment")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
     import random
 
     import anyio
 
     from agentrl_core.config import load_config
-    from agentrl_core.env.episodes import play_episode, write_demonstrations
+    from agentrl_core.env.episodes import play_episode
+    from agentrl_core.errors import AgentrlError
+    from agentrl_core.jobs.progress import PhaseProgress
     from agentrl_core.registry import Registry
     from agentrl_core.types import EnvironmentSpec
 
+    if args.concurrency < 1:
+        raise AgentrlError(f"--concurrency {args.concurrency}: must be at least 1")
     registry = Registry()
     config = load_config(args.config, registry=registry) if args.config else None
     env_config = config.environment_config(args.env) if config else None
     env = registry.build(EnvironmentSpec, args.env, env_config)
 
-    async def play_all():
+    async def play_all(out) -> tuple[int, int]:
         indices = list(env.index_sets().get(args.split, []))
         if not indices:
             env.check_index(args.split, 0)  # raises the clear "no index set" error
         indices = indices[: args.limit] if args.limit else indices
-        episodes = []
+        jobs = [(index, r) for index in indices for r in range(args.repeats)]
+        progress = PhaseProgress(f"demos {args.env}/{args.split}", len(jobs), unit="episodes", first_line=False)
+        finished: dict[int, dict] = {}  # played, waiting for the ones before them to be written
+        written = played = solved = 0
+        failure: list[BaseException] = []
+        limiter = anyio.Semaphore(args.concurrency)
+
+        async def play(k: int, index, r: int, scope: anyio.CancelScope) -> None:
+            nonlocal written, played, solved
+            async with limiter:
+                # one seed per (run seed, index, repeat): episodes must not share a mistake pattern
+                seed = random.Random(f"{args.seed}/{index}/{r}").randrange(2**31)
+                agent = env.oracle(args.split, index, error_rate=args.error_rate, seed=seed)
+                try:
+                    episode = await play_episode(env, args.split, index, agent)
+                except Exception as exc:  # the first failure stops the rest; what was written stays
+                    failure.append(exc)
+                    scope.cancel()
+                    return
+            finished[k] = episode.to_json()
+            played += 1
+            solved += episode.reward >= 1.0
+            while written in finished:  # in index order, as soon as the episodes before are in
+                out.write(json.dumps(finished.pop(written), ensure_ascii=False) + "\n")
+                written += 1
+            out.flush()
+            progress.update(played, extra=f"{solved} with reward 1")
+
         try:
-            for index in indices:
-                for r in range(args.repeats):
-                    # one seed per (run seed, index, repeat): episodes must not share a mistake pattern
-                    seed = random.Random(f"{args.seed}/{index}/{r}").randrange(2**31)
-                    agent = env.oracle(args.split, index, error_rate=args.error_rate, seed=seed)
-                    episodes.append(await play_episode(env, args.split, index, agent))
+            async with anyio.create_task_group() as tg:
+                for k, (index, r) in enumerate(jobs):
+                    tg.start_soon(play, k, index, r, tg.cancel_scope)
         finally:
             await env.aclose()
-        return episodes
+        if failure:
+            raise failure[0]
+        return written, solved
 
-    episodes = anyio.run(play_all)
-    n = write_demonstrations(args.out, episodes)
-    solved = sum(1 for e in episodes if e.reward >= 1.0)
+    with open(args.out, "w", encoding="utf-8") as out:
+        n, solved = anyio.run(play_all, out)
     print(f"wrote {n} episodes to {args.out}; {solved} with reward 1 ({solved / max(n, 1):.0%})")
     return 0
