@@ -145,7 +145,7 @@ def _install_everything(session: nox.Session) -> None:
 # the benchmarks' quick variants (each the real command line end to end): a session of their own,
 # so that neither it nor `integration` runs past the 8 minutes a session may take on CI's 2 cores
 BENCHMARK_SMOKE = ["tests/integration/test_learning_smoke.py", "tests/integration/test_learning_db_smoke.py",
-                   "tests/integration/test_throughput_sweep.py"]
+                   "tests/integration/test_learning_alfworld_smoke.py", "tests/integration/test_throughput_sweep.py"]
 
 
 def _integration_env(session: nox.Session) -> None:
@@ -167,7 +167,7 @@ def integration(session: nox.Session) -> None:
 
 @session
 def benchmark_smoke(session: nox.Session) -> None:
-    """The quick variants of the learning (calc, db) and throughput benchmarks: the plumbing, not the targets."""
+    """The quick variants of the learning (calc, db, alfworld) and throughput benchmarks: the plumbing, not the targets."""
     _integration_env(session)
     _pytest(session, *BENCHMARK_SMOKE)
 

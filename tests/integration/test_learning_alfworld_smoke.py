@@ -1,0 +1,81 @@
+"""The ALFWorld learning benchmark's plumbing, end to end on a very short run (not its +15 point target).
+
+``benchmarks/learning_alfworld.py --quick`` runs the real command line on the ALFWorld
+environment (TextWorld's PDDL engine in game processes): ``agentrl demos --env alfworld`` (expert
+walkthroughs with detours) -> ``agentrl sft`` -> ``agentrl eval`` on alfworld-std -> ``agentrl
+train`` on training games (Ray, embedded control plane, hf engine, FSDP2 learner) -> ``agentrl
+eval``, and writes its JSON and PNG. This test checks that every stage ran on the games it names
+and that the numbers recorded are the ones the evaluations and the training run produced.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+UNKNOWN = ("xyzzy", "dance", "sing loudly", "jump")  # the oracle's commands the game does not know
+
+
+def actions(demo: dict) -> list[str]:
+    return [json.loads(c["function"]["arguments"])["action"] for m in demo["messages"] if m["role"] == "assistant"
+            for c in m.get("tool_calls") or []]
+
+
+def test_quick_alfworld_learning_benchmark_runs_every_stage(tmp_path, tiny_model_dir):
+    out = tmp_path / "learning_alfworld_quick.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "learning_alfworld.py"), "--quick", "--work", str(tmp_path / "work"),
+         "--out", str(out), "--model", str(tiny_model_dir), "--demo-stride", "2"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    params = result["params"]
+
+    sft = result["sft"]
+    every = [json.loads(line) for line in (tmp_path / "work" / "demos_all.jsonl").read_text().splitlines()]
+    kept = [json.loads(line) for line in (tmp_path / "work" / "demos.jsonl").read_text().splitlines()]
+    assert len(every) == params["demo_limit"] and kept == every[::2]  # --demo-stride 2
+    assert sft["demos"] == len(kept) and sum(sft["demos_by_type"].values()) == len(kept)
+    assert all(d["task"] == "alfworld" and d["split"] == "train" for d in kept)
+    # the walkthroughs with detours still win (a detour is harmless), in more turns than the walkthrough
+    assert sft["demo_success"] == 1.0 and sft["demo_turns_mean"] >= 3
+    detours = [a for d in every for a in actions(d) if a in ("look", "inventory", *UNKNOWN) or a.startswith("examine ")]
+    assert detours  # --error-rate 0.3 over 16 games: some detours, which the model imitates too
+    assert sft["sft_steps"] >= 1 and sft["sft_final_nll"] > 0
+
+    for ev in (result["before"], result["after"]):
+        task = ev["tasks"]["std"]
+        assert len(task["per_repeat"]) == params["eval_repeats"]
+        assert task["episodes"] == params["eval_limit"] * params["eval_repeats"] and task["infra_failures"] == 0
+        assert 0.0 <= task["success"] <= 1.0 and task["spread"] >= 0.0
+        assert sum(t["episodes"] for t in ev["by_type"].values()) == task["episodes"]
+        assert set(ev["by_type"]) == {"pick_and_place_simple"}  # std's first games
+        seen = ev["tasks"]["train-seen"]  # two training games: a pick-and-place and a heat game
+        assert seen["episodes"] == params["seen_games"] * params["eval_repeats"] and seen["infra_failures"] == 0
+        kinds = ev["per_episode_mean"]  # every turn an action or a lost turn
+        assert kinds["turns"] == pytest.approx(kinds["actions"] + kinds["no_call"]) and kinds["turns"] <= 3
+        assert kinds["turns"] == pytest.approx(task["turns_mean"])
+    assert result["change"]["std"] == pytest.approx(result["after"]["tasks"]["std"]["success"]
+                                                    - result["before"]["tasks"]["std"]["success"])
+
+    train = result["train"]
+    assert train["steps"] == params["total_steps"] and not train["interrupted"]
+    assert [p["step"] for p in train["curve"]] == list(range(1, train["steps"] + 1))
+    assert all(0.0 <= p["reward"] <= 1.0 and p["trajectories"] > 0 for p in train["curve"])
+    assert Path(train["model"]).name == "final_model" and train["model_step"] == train["steps"]
+    seen = yaml.safe_load((tmp_path / "work" / "eval_sft" / "config.yaml").read_text())["eval"]["tasks"][1]
+    assert seen["split"] == "train" and seen["indices"] == [0, 1504]  # of the 2,714 training games, every 1,357th
+    config = yaml.safe_load((tmp_path / "work" / "grpo" / "config.yaml").read_text())
+    assert [(t["env"], t["split"], t["limit"]) for t in config["tasks"]] == [("alfworld", "train", params["train_limit"])]
+    assert config["environments"]["alfworld"]["max_steps"] == 3  # the quick overrides reach the training run
+    assert result["passed"] is None  # --quick checks the plumbing, never claims the target
