@@ -27,7 +27,7 @@ Target (issue 31): +15 points of held-out success on std within 30 minutes of CP
 Success is reported as mean +- standard deviation over the repeats, per task type, with the
 per-step training reward as the learning curve.
 
-    python benchmarks/learning_alfworld.py                  # ~60-75 min on 2 shared cores (30 min of RL)
+    python benchmarks/learning_alfworld.py                  # ~90 min on 2 cores (demos 12, SFT 19, RL 30, evals 2 x 10)
     python benchmarks/learning_alfworld.py --sft-only       # the warm-up and its evaluation alone
     python benchmarks/learning_alfworld.py --quick          # a few minutes: the plumbing, no target
 
@@ -268,7 +268,8 @@ def main() -> int:
                         help="with --sft-model: the demonstrations it was trained on and its SFT run folder "
                              "(sft_metrics.jsonl), described in the result")
     parser.add_argument("--demo-stride", type=int, default=None,
-                        help="keep every N-th training game's demonstration (default 1: all 2,714)")
+                        help="train on every N-th training game's demonstration (default 1: all 2,714; every game "
+                             "is played either way, in demos_all.jsonl)")
     parser.add_argument("--sft-epochs", type=int, default=None, help="SFT epochs over the demonstrations (default 1)")
     parser.add_argument("--sft-lr", type=float, default=None,
                         help="SFT learning rate (default: the config's sft.lr, 3e-3, tuned on tiny)")
