@@ -81,3 +81,44 @@ def test_result_writer_keeps_what_produced_each_tasks_results(tmp_path):
     assert writer.sources == {"db-std": {"db backend: sqlite (...)"}}
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["result_sources"] == {"db-std": ["db backend: sqlite (...)"]}
+
+
+def test_metric_means_by_hand_leave_infra_failures_out():
+    rows = [
+        EpisodeResult("alf", 0, 0, 1.0, "completed", 5, metrics={"nothing_happens": 1.0, "won": 1.0}),
+        EpisodeResult("alf", 1, 0, 0.0, "task limit reached", 20, metrics={"nothing_happens": 6.0, "won": 0.0}),
+        EpisodeResult("alf", 2, 0, 0.0, "task limit reached", 20, metrics={"nothing_happens": 2.0}),
+        EpisodeResult("alf", 3, 0, 0.0, "task error", 0, metrics={"nothing_happens": 100.0}),  # infra: left out
+    ]
+    s = summarize(rows)["alf"]
+    # each metric over the scored episodes that reported it
+    assert s.metrics_mean == {"nothing_happens": pytest.approx(3.0), "won": pytest.approx(0.5)}
+    assert s.to_json()["metrics_mean"] == s.metrics_mean
+
+
+def test_result_writer_keeps_each_episodes_metrics_and_their_means(tmp_path):
+    import json
+
+    from agentrl_core.eval.metrics import numeric_metrics
+    from agentrl_core.eval.runner import EvalRequest, ResultWriter
+    from agentrl_core.rollout.agent_loop import RolloutRequest
+
+    assert numeric_metrics({"a": 2, "b": True, "c": "pick", "d": float("nan"), "e": None, "f": [1]}) == {
+        "a": 2.0, "b": 1.0}
+    writer = ResultWriter(tmp_path)
+    episodes = [  # what an environment reports at the end: numbers, a label, and things JSON cannot hold
+        {"nothing_happens": 4, "task_type": "pick_and_place_simple", "won": False, "raw": object()},
+        {"nothing_happens": 1, "task_type": "look_at_obj_in_light", "won": True, "raw": object()},
+    ]
+    for index, metrics in enumerate(episodes):
+        request = RolloutRequest(task="alf-std", index=index, group_id=f"eval/alf-std/{index}", uid=f"alf-std/{index}")
+        writer.add(EvalRequest(request, 0, "m"), {"status": "completed", "reward": float(index), "turns": 3,
+                                                  "messages": [], "metrics": metrics})
+    writer.close()
+    lines = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert [line["metrics"] for line in lines] == [
+        {"nothing_happens": 4, "task_type": "pick_and_place_simple", "won": False},
+        {"nothing_happens": 1, "task_type": "look_at_obj_in_light", "won": True},
+    ]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["models"]["m"]["alf-std"]["metrics_mean"] == {"nothing_happens": 2.5, "won": 0.5}

@@ -42,6 +42,13 @@ def test_eval_single_model_through_controller_worker_and_engine(tmp_path, tiny_m
     assert sum(task["statuses"].values()) == 12
     lines = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     assert len(lines) == 12 and json.loads(lines[0])["messages"][0]["role"] == "system"
+    # each episode keeps its metrics (the environment's and the agent loop's), and the summary their means
+    episodes = [json.loads(line) for line in lines]
+    assert all(e["metrics"]["turns"] == e["turns"] and "parse_errors" in e["metrics"] for e in episodes)
+    assert all("rounds" in e["metrics"] and "invalid_turns" in e["metrics"] for e in episodes)  # every env reply
+    rounds = [e["metrics"]["rounds"] for e in episodes]
+    assert task["metrics_mean"]["rounds"] == pytest.approx(sum(rounds) / len(rounds))
+    assert task["metrics_mean"]["turns"] == pytest.approx(task["turns_mean"])
     # the trajectory store has the same 12 episodes, each with its tokens
     from agentrl_core.train.trajstore import read_tokens
 
@@ -71,10 +78,15 @@ def test_eval_openai_endpoint_baseline(tmp_path, tiny_model_dir):
         driver.shutdown()
     task = summary["models"]["openai"]["calc-test"]
     assert task["episodes"] + task["infra_failures"] == 12 and task["infra_failures"] == 0
+    episodes = [json.loads(line) for line in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()]
+    assert all(e["metrics"]["turns"] == e["turns"] and "rounds" in e["metrics"] for e in episodes)
+    assert task["metrics_mean"]["rounds"] == pytest.approx(sum(e["metrics"]["rounds"] for e in episodes) / 12)
     conn = sqlite3.connect(tmp_path / "out" / "trajectories.sqlite")  # an endpoint's episodes: messages, no tokens
     assert conn.execute("SELECT count(*), count(DISTINCT model), sum(json_array_length(messages) > 1) "
                         "FROM trajectories").fetchone() == (12, 1, 12)
     assert conn.execute("SELECT count(*) FROM tokens").fetchone() == (0,)
+    stored = [json.loads(m) for (m,) in conn.execute("SELECT metrics FROM trajectories")]
+    assert all("rounds" in m and m["error"] is None for m in stored)  # the episode's metrics, as in the jsonl
     conn.close()
 
 

@@ -2,7 +2,9 @@
 
 Per task: success rate (reward == 1; WebShop also mean reward) over R repeats as mean ±
 std, pass@k with the unbiased estimator of Chen et al. (2021), the termination-status
-distribution and mean turns. Infrastructure failures (``task error``, ``cancelled``,
+distribution, mean turns, and the mean of every numeric episode metric the environment or
+the agent loop reported (``metrics_mean``: e.g. ALFWorld's ``nothing_happens``, DB's
+``sql_errors``, the loop's ``parse_errors``). Infrastructure failures (``task error``, ``cancelled``,
 ``unknown``) are left out of every denominator and counted apart.
 """
 
@@ -14,7 +16,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from attrs import frozen
+from attrs import field, frozen
 
 from agentrl_core.types import FailureKind, failure_kind
 
@@ -28,6 +30,8 @@ class EpisodeResult:
     status: str
     turns: int
     model: str = ""
+    # the episode's numeric metrics (environment's and agent loop's); see numeric_metrics()
+    metrics: dict[str, float] = field(factory=dict)
 
     @property
     def infra(self) -> bool:
@@ -36,6 +40,15 @@ class EpisodeResult:
     @property
     def success(self) -> bool:
         return self.reward >= 1.0
+
+
+def numeric_metrics(metrics: dict[str, Any] | None) -> dict[str, float]:
+    """The numeric entries of an episode's metrics (booleans as 0/1), the ones a mean is taken of."""
+    out = {}
+    for key, value in (metrics or {}).items():
+        if isinstance(value, bool | int | float) and math.isfinite(value):
+            out[str(key)] = float(value)
+    return out
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -72,6 +85,8 @@ class TaskSummary:
     statuses: dict[str, int]
     turns_mean: float
     per_repeat_success: list[float]
+    # metric -> mean over the scored episodes that reported it
+    metrics_mean: dict[str, float] = field(factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +100,7 @@ class TaskSummary:
             "statuses": self.statuses,
             "turns_mean": self.turns_mean,
             "per_repeat_success": self.per_repeat_success,
+            "metrics_mean": self.metrics_mean,
         }
 
 
@@ -114,6 +130,10 @@ def _summarize_task(task: str, results: Sequence[EpisodeResult]) -> TaskSummary:
         for k in ks_for(n_min):
             pass_at[k] = statistics.fmean(pass_at_k(len(v), sum(r.success for r in v), k) for v in by_index.values())
     statuses = Counter(r.status for r in results)
+    values: dict[str, list[float]] = defaultdict(list)
+    for r in scored:
+        for key, value in r.metrics.items():
+            values[key].append(value)
     return TaskSummary(
         task=task,
         episodes=len(scored),
@@ -125,6 +145,7 @@ def _summarize_task(task: str, results: Sequence[EpisodeResult]) -> TaskSummary:
         statuses=dict(sorted(statuses.items())),
         turns_mean=statistics.fmean(r.turns for r in scored) if scored else float("nan"),
         per_repeat_success=per_repeat,
+        metrics_mean={key: statistics.fmean(v) for key, v in sorted(values.items())},
     )
 
 

@@ -25,7 +25,7 @@ from attrs import frozen
 
 from agentrl_core.config import Config, TaskConfig
 from agentrl_core.errors import ConfigError
-from agentrl_core.eval.metrics import EpisodeResult, TaskSummary, format_table, summarize
+from agentrl_core.eval.metrics import EpisodeResult, TaskSummary, format_table, numeric_metrics, summarize
 from agentrl_core.registry import Registry
 from agentrl_core.rollout.agent_loop import ChatAgentLoop, LoopSettings, RolloutRequest
 from agentrl_core.rollout.sampler import CurrentSampler
@@ -96,7 +96,13 @@ async def run_requests(
 def trajectory_result(traj: Any) -> dict[str, Any]:
     return {"status": traj.status.value, "reward": traj.reward, "turns": traj.num_turns, "messages": traj.messages,
             "pools": [t.pool for t in traj.turns], "error": traj.metrics.get("infra_error"),
-            "result_source": traj.metrics.get("result_source")}
+            "result_source": traj.metrics.get("result_source"), "metrics": json_metrics(traj.metrics)}
+
+
+def json_metrics(metrics: dict[str, Any] | None) -> dict[str, Any]:
+    """An episode's metrics as trajectories.jsonl keeps them: the JSON scalars (numbers, strings,
+    booleans, null), so that a metric an environment reports is there to read without replaying."""
+    return {str(k): v for k, v in (metrics or {}).items() if v is None or isinstance(v, str | bool | int | float)}
 
 
 def make_token_players(
@@ -152,10 +158,11 @@ class ResultWriter:
         r = item.request
         result = dict(result)
         trajectory = result.pop("trajectory", None)
+        result["metrics"] = json_metrics(result.get("metrics"))
         if result.get("result_source"):
             self.sources.setdefault(r.task, set()).add(str(result["result_source"]))
         self.results.append(EpisodeResult(r.task, r.index, item.repeat, float(result["reward"]), str(result["status"]),
-                                          int(result["turns"]), item.model))
+                                          int(result["turns"]), item.model, numeric_metrics(result.get("metrics"))))
         self._file.write(json.dumps({"task": r.task, "index": r.index, "repeat": item.repeat, "model": item.model,
                                      **result}, ensure_ascii=False) + "\n")
         self._file.flush()

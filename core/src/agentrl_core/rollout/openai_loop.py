@@ -66,36 +66,43 @@ class OpenAIChatLoop:
         return message
 
     async def run(self, request: RolloutRequest) -> dict[str, Any]:
-        """Play one episode; returns ``{status, reward, turns, messages, error?}``."""
+        """Play one episode; returns ``{status, reward, turns, messages, metrics, error?}``, ``metrics``
+        being the environment's last reply's (as the token-level loop keeps them) and ``turns``."""
         session_id = None
         messages: list[Message] = []
         turns = 0
+        env_metrics: dict[str, Any] = {}
+
+        def result(status: str, reward: float = 0.0, **extra: Any) -> dict[str, Any]:
+            return {"status": status, "reward": reward, "turns": turns, "messages": messages,
+                    "result_source": env_metrics.get("result_source"), "metrics": {**env_metrics, "turns": turns},
+                    **extra}
+
         try:
             started = await self.env_client.start(request.task, request.index)
             session_id = started.session_id
             messages.extend(started.messages)
+            env_metrics.update(getattr(started, "metrics", None) or {})
             if getattr(started, "finish", False):
                 session_id = None
-                return {"status": str(Status(started.status).value), "reward": float(started.reward or 0.0),
-                        "turns": 0, "messages": messages}
-            for turns in range(1, self.max_turns + 1):
+                return result(str(Status(started.status).value), float(started.reward or 0.0))
+            while turns < self.max_turns:
+                turns += 1
                 try:
                     action = await self.complete(messages, started.tools)
                 except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
-                    return {"status": Status.UNKNOWN.value, "reward": 0.0, "turns": turns, "messages": messages,
-                            "error": f"model endpoint: {exc}"}
+                    return result(Status.UNKNOWN.value, error=f"model endpoint: {exc}")
                 messages.append(action)
                 reply = await self.env_client.interact(session_id, [action])
                 messages.extend(reply.messages)
+                env_metrics.update(reply.metrics or {})
                 if reply.finish:
                     session_id = None
-                    return {"status": reply.status, "reward": float(reply.reward or 0.0), "turns": turns,
-                            "messages": messages, "result_source": (reply.metrics or {}).get("result_source")}
-            return {"status": Status.TASK_LIMIT_REACHED.value, "reward": 0.0, "turns": turns, "messages": messages}
+                    return result(reply.status, float(reply.reward or 0.0))
+            return result(Status.TASK_LIMIT_REACHED.value)
         except Exception as exc:  # controller or worker failure: infrastructure, counted apart
             log.warning("episode %s/%s failed: %s", request.task, request.index, exc)
-            return {"status": Status.UNKNOWN.value, "reward": 0.0, "turns": turns, "messages": messages,
-                    "error": str(exc)}
+            return result(Status.UNKNOWN.value, error=str(exc))
         finally:
             if session_id is not None:
                 with anyio.CancelScope(shield=True):

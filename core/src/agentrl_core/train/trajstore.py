@@ -306,7 +306,8 @@ class TrajectoryStore:
             (self.run, kind, step, now, names.get("uid") or "", names.get("task") or "", names.get("split"),
              names.get("index"), names.get("group_id"), names.get("sample"), names.get("model"),
              str(result.get("status", "unknown")), None, result.get("reward"), result.get("turns"),
-             _json(messages), _json(tool_calls_of(messages)), _json({"error": result.get("error")})),
+             _json(messages), _json(tool_calls_of(messages)),
+             _json(_finite({**(result.get("metrics") or {}), "error": result.get("error")}))),
         )
 
     def _write_episodes(self, kind: str, step: int | None, trajectories: list[Any]) -> None:
