@@ -7,8 +7,9 @@ through the ``agentrl`` command line on CPU:
 1. ``agentrl model init --size tiny`` (or ``--size``/``--model``);
 2. ``agentrl demos --env alfworld --split train --error-rate 0.3``: the expert walkthroughs of
    the training games (2,714 games of six task types), each step preceded with probability 0.3
-   by a detour (look, inventory, examine, or a command the game does not know); the benchmark
-   keeps every ``--demo-stride``-th game, so that all six task types are shown;
+   by a detour (look, inventory, examine, or a command the game does not know); with
+   ``--demo-stride N`` only every N-th game is played (``agentrl demos --indices``), so that all
+   six task types are still shown;
 3. ``agentrl sft`` on them;
 4. ``agentrl eval`` before RL, with repeats, on **std** (AgentBench's alfworld-std test set: the
    93 bundled games of valid_unseen, rooms never trained on), per task type;
@@ -92,15 +93,13 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
         model = work / "model"
         timings["model_init_s"] = agentrl(["model", "init", "--out", str(model), "--size", params["size"],
                                            "--seed", str(seed)], work / "logs" / "model_init.log")["seconds"]
-    every = work / "demos_all.jsonl"
-    limit = ["--limit", str(params["demo_limit"])] if params["demo_limit"] else []
-    timings["demos_s"] = agentrl(["demos", "--env", "alfworld", "--split", "train", *limit,
-                                  "--error-rate", str(params["error_rate"]), "--seed", str(seed),
-                                  "--config", str(CONFIG), "--out", str(every)], work / "logs" / "demos.log")["seconds"]
-    records = [json.loads(line) for line in every.read_text().splitlines() if line.strip()]
-    records = records[::params["demo_stride"]]
     demos = work / "demos.jsonl"
-    demos.write_text("".join(json.dumps(d) + "\n" for d in records))
+    limit = ["--limit", str(params["demo_limit"])] if params["demo_limit"] else []
+    every_nth = sorted(task_types("train"))[::params["demo_stride"]]
+    indices = ["--indices", ",".join(map(str, every_nth))] if params["demo_stride"] > 1 else []
+    timings["demos_s"] = agentrl(["demos", "--env", "alfworld", "--split", "train", *indices, *limit,
+                                  "--error-rate", str(params["error_rate"]), "--seed", str(seed),
+                                  "--config", str(CONFIG), "--out", str(demos)], work / "logs" / "demos.log")["seconds"]
     sft_model = work / "sft_model"
     timings["sft_s"] = agentrl(["sft", str(CONFIG), *sets(model__path=str(model), run__output_dir=str(work / "sft"),
                                                           sft__data=[str(demos)], sft__output_dir=str(sft_model),
@@ -268,8 +267,7 @@ def main() -> int:
                         help="with --sft-model: the demonstrations it was trained on and its SFT run folder "
                              "(sft_metrics.jsonl), described in the result")
     parser.add_argument("--demo-stride", type=int, default=None,
-                        help="train on every N-th training game's demonstration (default 1: all 2,714; every game "
-                             "is played either way, in demos_all.jsonl)")
+                        help="play and train on every N-th training game only (default 1: all 2,714)")
     parser.add_argument("--sft-epochs", type=int, default=None, help="SFT epochs over the demonstrations (default 1)")
     parser.add_argument("--sft-lr", type=float, default=None,
                         help="SFT learning rate (default: the config's sft.lr, 3e-3, tuned on tiny)")

@@ -72,7 +72,8 @@ class GuessEnv(Environment):
 def run_demos(monkeypatch, tmp_path, env: GuessEnv, *, concurrency: int, name: str = "demos.jsonl", **extra):
     monkeypatch.setattr(Registry, "build", lambda self, kind, name, config=None, **kw: env)
     out = tmp_path / name
-    args = argparse.Namespace(env="guess", split="train", out=str(out), limit=None, error_rate=0.5, repeats=1,
+    extra = {"indices": None, "limit": None, **extra}
+    args = argparse.Namespace(env="guess", split="train", out=str(out), error_rate=0.5, repeats=1,
                               seed=7, config=None, concurrency=concurrency, **extra)
     return demos.run(args), out
 
@@ -109,3 +110,26 @@ def test_concurrency_below_one_is_one_sentence(monkeypatch, tmp_path):
     with pytest.raises(AgentrlError, match=r"^--concurrency 0: must be at least 1$"):
         run_demos(monkeypatch, tmp_path, GuessEnv(), concurrency=0)
     assert not (tmp_path / "demos.jsonl").exists()
+
+
+def test_indices_choose_which_games_in_the_order_given(monkeypatch, tmp_path):
+    env = GuessEnv()
+    rc, out = run_demos(monkeypatch, tmp_path, env, concurrency=4, indices="12-14, 3,0", limit=4)
+    assert rc == 0
+    assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == [12, 13, 14, 3]  # then --limit
+    assert demos.parse_indices("0-2,fixed_7,10-10") == [0, 1, 2, "fixed_7", 10]
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("1,,2", r"^--indices '1,,2': an empty entry \(two commas, or one at an end\)$"),
+    ("5-3", r"^--indices '5-3': range 5-3 runs backwards$"),
+    ("1-3,2", r"^--indices '1-3,2': an index appears twice \(use --repeats for several episodes\)$"),
+    ("18-25", r"index 20 .*train"),  # the environment's own sentence for an index it does not have
+])
+def test_bad_indices_are_one_sentence_and_leave_the_file_as_it_was(monkeypatch, tmp_path, spec, message):
+    (tmp_path / "demos.jsonl").write_text("kept\n")
+    env = GuessEnv()
+    with pytest.raises(AgentrlError, match=message):
+        run_demos(monkeypatch, tmp_path, env, concurrency=2, indices=spec)
+    assert (tmp_path / "demos.jsonl").read_text() == "kept\n"
+    assert env.closed == (spec == "18-25")  # a malformed list fails before the environment is built

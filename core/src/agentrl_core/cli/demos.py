@@ -10,7 +10,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--env", required=True, help="environment name, e.g. calc")
     p.add_argument("--split", required=True, help="index set, e.g. train")
     p.add_argument("--out", required=True, help="output JSONL file")
-    p.add_argument("--limit", type=int, default=None, help="at most this many indices")
+    p.add_argument("--indices", default=None, metavar="LIST",
+                   help="only these indices of the split, in this order: comma-separated, ranges inclusive "
+                        "(e.g. 0-99,150,200-209); default: all of them")
+    p.add_argument("--limit", type=int, default=None, help="at most this many indices (after --indices)")
     p.add_argument("--error-rate", type=float, default=0.0, help="probability of a deliberate mistake per step")
     p.add_argument("--repeats", type=int, default=1, help="episodes per index (different seeds)")
     p.add_argument("--seed", type=int, default=0)
@@ -35,16 +38,25 @@ def run(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1:
         raise AgentrlError(f"--concurrency {args.concurrency}: must be at least 1")
+    if args.indices is not None:
+        parse_indices(args.indices)  # a malformed list fails before the environment is built
     registry = Registry()
     config = load_config(args.config, registry=registry) if args.config else None
     env_config = config.environment_config(args.env) if config else None
     env = registry.build(EnvironmentSpec, args.env, env_config)
 
-    async def play_all(out) -> tuple[int, int]:
+    try:  # the indices are checked before --out is opened: a wrong one leaves an existing file as it was
         indices = list(env.index_sets().get(args.split, []))
         if not indices:
             env.check_index(args.split, 0)  # raises the clear "no index set" error
-        indices = indices[: args.limit] if args.limit else indices
+        if args.indices is not None:
+            indices = [env.check_index(args.split, i) for i in parse_indices(args.indices)]
+    except BaseException:
+        anyio.run(env.aclose)
+        raise
+    indices = indices[: args.limit] if args.limit else indices
+
+    async def play_all(out) -> tuple[int, int]:
         jobs = [(index, r) for index in indices for r in range(args.repeats)]
         progress = PhaseProgress(f"demos {args.env}/{args.split}", len(jobs), unit="episodes", first_line=False)
         finished: dict[int, dict] = {}  # played, waiting for the ones before them to be written
@@ -87,3 +99,24 @@ def run(args: argparse.Namespace) -> int:
         n, solved = anyio.run(play_all, out)
     print(f"wrote {n} episodes to {args.out}; {solved} with reward 1 ({solved / max(n, 1):.0%})")
     return 0
+
+
+def parse_indices(text: str) -> list[int | str]:
+    """``0-3,7,fixed_12`` -> ``[0, 1, 2, 3, 7, "fixed_12"]``: digits are ints, ``a-b`` of digits an
+    inclusive range, anything else a string index (the environment then says whether it has it)."""
+    from agentrl_core.errors import AgentrlError
+
+    out: list[int | str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            raise AgentrlError(f"--indices {text!r}: an empty entry (two commas, or one at an end)")
+        low, dash, high = part.partition("-")
+        if dash and low.isdigit() and high.isdigit():
+            if int(high) < int(low):
+                raise AgentrlError(f"--indices {text!r}: range {part} runs backwards")
+            out.extend(range(int(low), int(high) + 1))
+        else:
+            out.append(int(part) if part.isdigit() else part)
+    if len(set(out)) != len(out):
+        raise AgentrlError(f"--indices {text!r}: an index appears twice (use --repeats for several episodes)")
+    return out
