@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+
 import anyio
 import pytest
-from agentrl_env_alfworld.oracle import miss_cause, play_oracle, to_command
+from agentrl_env_alfworld.oracle import miss_cause, play_oracle, search_plan, to_command, walkthrough_of, where_taken
 
 from agentrl_core.env import Status
 
@@ -45,3 +48,29 @@ def test_walkthrough_wording():
     assert to_command("move pencil 2 to shelf 5", admissible, "agentbench") == "put pencil 2 in/on shelf 5"
     assert to_command("move pencil 2 to shelf 5", admissible, "native") == "move pencil 2 to shelf 5"
     assert to_command("go to shelf 5", admissible, "agentbench") == "go to shelf 5"
+
+
+def test_search_plan_replaces_the_way_to_each_object_by_hand():
+    cool = ["go to cabinet 3", "open cabinet 3", "take plate 1 from cabinet 3", "go to fridge 1",
+            "cool plate 1 with fridge 1", "go to cabinet 3", "move plate 1 to cabinet 3"]
+    assert search_plan(cool) == [("search", "plate 1"), ("step", "go to fridge 1"), ("step", "cool plate 1 with fridge 1"),
+                                 ("step", "go to cabinet 3"), ("step", "move plate 1 to cabinet 3")]
+    # the lamp is used before the take: only the take becomes a search (it finds the pencil where it stands)
+    light = ["go to sidetable 1", "use desklamp 1", "take pencil 1 from sidetable 1"]
+    assert search_plan(light) == [("step", "go to sidetable 1"), ("step", "use desklamp 1"), ("search", "pencil 1")]
+    prior = where_taken([cool, light, ["go to fridge 1", "take plate 2 from fridge 1"]])
+    assert prior == {"plate": Counter({"cabinet": 1, "fridge": 1}), "pencil": Counter({"sidetable": 1})}
+
+
+def test_searching_oracle_finds_objects_it_was_not_told_where_to_find(make_env):
+    env = make_env(oracle="search", concurrency=4)
+    indices = spread(env.index_sets()["std"], GAMES_PER_SPLIT)
+    episodes = anyio.run(lambda: play_oracle(env, "std", indices, concurrency=2))
+    won = [i for i, e in zip(indices, episodes, strict=True) if not isinstance(e, Exception) and e.reward == 1.0]
+    # measured on all 93 std games: 86 won (92 %); a search can run out of the 20 steps in a large room
+    assert len(won) >= 16, {i: miss_cause(e) for i, e in zip(indices, episodes, strict=True) if i not in won}
+    assert len({env.game("std", i).task_type for i in won}) == 6
+    # it does not go straight to the object: some first moves differ from the walkthrough's
+    firsts = [json.loads(e.messages[2]["tool_calls"][0]["function"]["arguments"])["action"] for e in episodes]
+    straight = [walkthrough_of(env.library.game_file(env.game("std", i)))[0] for i in indices]
+    assert sum(a != b for a, b in zip(firsts, straight, strict=True)) >= GAMES_PER_SPLIT // 4

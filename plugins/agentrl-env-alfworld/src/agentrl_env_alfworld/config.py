@@ -29,6 +29,10 @@ class AlfworldConfig:
     # "agentrl": bad turns get error observations and never change the status of a win; "auto": "upstream" for
     # the evaluation sets std and dev, "agentrl" for train and train-extra.
     termination: Literal["auto", "upstream", "agentrl"] = "auto"
+    # The oracle behind `agentrl demos`: "walkthrough" plays each game's stored expert walkthrough, which goes
+    # straight to where the game put each object; "search" looks for each object it takes (likeliest receptacles
+    # first, by where the training games' walkthroughs found that kind of object), as an agent must.
+    oracle: Literal["walkthrough", "search"] = "walkthrough"
     max_steps: int = field(default=20, validator=in_range(1))
     repeat_limit: int = field(default=3, validator=in_range(2))  # identical actions in a row that end the episode
     snap_threshold: float = field(default=0.01, validator=in_range(0.0))  # BLEU above which an action snaps to a valid one

@@ -29,6 +29,7 @@ Turns that upstream could not execute (``termination`` in the config):
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -57,7 +58,7 @@ from agentrl_env_alfworld.actions import (
 from agentrl_env_alfworld.config import AlfworldConfig
 from agentrl_env_alfworld.data import GameLibrary, GameRef
 from agentrl_env_alfworld.game import NOTHING_HAPPENS
-from agentrl_env_alfworld.oracle import WalkthroughOracle
+from agentrl_env_alfworld.oracle import SearchingOracle, WalkthroughOracle, walkthrough_of, where_taken
 from agentrl_env_alfworld.pool import GamePool, GameProcess, GameProcessError
 
 log = logging.getLogger(__name__)
@@ -184,6 +185,7 @@ class AlfworldEnvironment(Environment):
             start_timeout=cfg.start_timeout,
         )
         self._sets = self.library.index_sets()
+        self._prior: dict[str, Counter[str]] | None = None  # search_prior()
 
     def index_sets(self) -> dict[str, Sequence[Index]]:
         return self._sets
@@ -195,10 +197,21 @@ class AlfworldEnvironment(Environment):
         return AlfworldSession(self, self.game(split, index))
 
     def oracle(self, split: str, index: Index, *, error_rate: float = 0.0, seed: int = 0) -> WalkthroughOracle:
+        """The config's ``oracle``: the game's walkthrough, or a :class:`SearchingOracle` that looks for
+        each object it takes (visiting receptacles by where the training games had that kind of object)."""
         ref = self.game(split, index)
-        return WalkthroughOracle(
-            lambda: self.library.game_file(ref), wording=self.config.wording, error_rate=error_rate, seed=seed
-        )
+        options = dict(wording=self.config.wording, error_rate=error_rate, seed=seed)
+        if self.config.oracle == "search":
+            return SearchingOracle(lambda: self.library.game_file(ref), prior=self.search_prior(), **options)
+        return WalkthroughOracle(lambda: self.library.game_file(ref), **options)
+
+    def search_prior(self) -> dict[str, Counter[str]]:
+        """Where the training games' walkthroughs took each kind of object (read once: about 2 s,
+        unpacking the training archive on first use; blocking)."""
+        if self._prior is None:
+            games = (self.library.ref("train", i) for i in self._sets.get("train", []))
+            self._prior = where_taken(walkthrough_of(self.library.game_file(ref)) for ref in games)
+        return self._prior
 
     def resource_count(self) -> int:
         return self.pool.leased

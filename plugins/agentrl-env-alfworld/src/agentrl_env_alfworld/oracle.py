@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,147 @@ class WalkthroughOracle:
             self._pending = True
         self.calls += 1
         return assistant_tool_call("take_action", {"action": action}, call_id=f"call_{self.calls}")
+
+
+_TAKE = re.compile(r"^take (\S+) (\d+) from (.+)$")
+
+
+def receptacle_type(name: str) -> str:
+    """``"countertop 1"`` -> ``"countertop"``."""
+    return name.rsplit(" ", 1)[0] if name.rsplit(" ", 1)[-1].isdigit() else name
+
+
+def where_taken(walkthroughs: Iterable[Sequence[str]]) -> dict[str, Counter[str]]:
+    """Object type -> how often each receptacle type is where a walkthrough took one: the prior a
+    searching agent visits receptacles by (an apple is on a countertop or in the fridge)."""
+    prior: dict[str, Counter[str]] = {}
+    for steps in walkthroughs:
+        for step in steps:
+            take = _TAKE.match(step)
+            if take:
+                prior.setdefault(take.group(1), Counter())[receptacle_type(take.group(3))] += 1
+    return prior
+
+
+def search_plan(walkthrough: Sequence[str]) -> list[tuple[str, str]]:
+    """The walkthrough with each way to an object replaced by a search for its type.
+
+    ``go to Y`` (and ``open Y``) right before ``take O N from Y`` become ``("search", "O N")``;
+    every other step stays ``("step", text)``. The walkthrough knows where the object is; the
+    search only knows the room's receptacles and where such objects usually are.
+    """
+    plan: list[tuple[str, str]] = []
+    for step in walkthrough:
+        take = _TAKE.match(step)
+        if take:
+            place = take.group(3)
+            while plan and plan[-1][0] == "step" and plan[-1][1] in (f"go to {place}", f"open {place}"):
+                plan.pop()
+            plan.append(("search", f"{take.group(1)} {take.group(2)}"))
+        else:
+            plan.append(("step", step))
+    return plan
+
+
+class SearchingOracle(WalkthroughOracle):
+    """Finds each object the walkthrough takes by looking for it, as an agent must.
+
+    The walkthrough goes straight to where the game put the object, which the agent cannot know
+    from what it sees; a model imitating it learns to guess. This oracle instead visits the
+    room's receptacles (those with a ``go to`` command), the likeliest first by ``prior``
+    (:func:`where_taken` over the training games) and then in the listed order, opens a closed
+    one, and takes the first object of the wanted type it sees (not one it already moved); the
+    walkthrough's later steps then name that object. Everything else is the walkthrough's, and
+    mistakes are made as :class:`WalkthroughOracle` makes them. A search can run out of steps in
+    a large room where the walkthrough would not.
+    """
+
+    def __init__(self, game_file: Callable[[], str | Path], *, prior: dict[str, Counter[str]] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(game_file, **kwargs)
+        self.prior = prior or {}
+        self._plan: list[tuple[str, str]] | None = None
+        self.renamed: dict[str, str] = {}  # walkthrough object -> the one found instead
+        self.moved: set[str] = set()  # objects taken so far: not searched for again
+        self.visited: set[str] = set()  # receptacles gone to
+        self.here: str | None = None
+        self.seen: dict[str, str] = {}  # receptacle -> the observation that last showed what is in/on it
+        self._last: str | None = None  # the last action sent
+
+    @property
+    def plan(self) -> list[tuple[str, str]]:
+        if self._plan is None:
+            self._plan = search_plan(self.walkthrough)
+        return self._plan
+
+    def act(self, messages: Sequence[Message]) -> Message:
+        last = next((m for m in reversed(messages) if m.get("role") in ("user", "tool")), {})
+        observation, admissible = parse_observation(str(last.get("content") or ""))
+        done = self._last is not None and not observation.startswith("Nothing happens")
+        if done and self._last.startswith("go to "):
+            self.here = self._last[len("go to "):]
+            self.visited.add(self.here)
+        if done and self.here is not None and self._last in (f"go to {self.here}", f"open {self.here}"):
+            self.seen[self.here] = observation  # what is there, as last seen
+        if self._pending and done:
+            kind, target = self.plan[self.position]
+            if kind == "search":  # the take was accepted: the search is over
+                taken = _TAKE.match(self._last)
+                found = f"{taken.group(1)} {taken.group(2)}"
+                self.renamed[target] = found
+                self.moved.add(found)
+            self.position += 1
+        self._pending = False
+        while self.position < len(self.plan) and self.plan[self.position] == ("step", f"go to {self.here}"):
+            self.position += 1  # the search ended where the walkthrough goes next
+        if self.position >= len(self.plan):
+            action = "look"
+        elif self.error_rate > 0 and self.rng.random() < self.error_rate:
+            harmless = [c for c in admissible if c.startswith(_HARMLESS)]
+            action = self.rng.choice(harmless) if harmless and self.rng.random() < 0.5 else self.rng.choice(_UNKNOWN)
+        else:
+            kind, target = self.plan[self.position]
+            if kind == "search":
+                action, self._pending = self._search(target, observation, admissible)
+            else:
+                action = to_command(self._renamed(target), admissible, self.wording)
+                self._pending = True
+                if action not in admissible and f"open {self.here}" in admissible and "is closed" in observation:
+                    # the walkthrough opened this receptacle on its way to the object, the search did not
+                    action, self._pending = f"open {self.here}", False
+        self._last = action
+        self.calls += 1
+        return assistant_tool_call("take_action", {"action": action}, call_id=f"call_{self.calls}")
+
+    def _renamed(self, step: str) -> str:
+        for old, new in self.renamed.items():
+            step = re.sub(rf"\b{re.escape(old)}\b", new, step)
+        return step
+
+    def _search(self, target: str, observation: str, admissible: Sequence[str]) -> tuple[str, bool]:
+        """The next action of a search for an object of ``target``'s type; True when it is the take."""
+        kind = target.rsplit(" ", 1)[0]
+
+        def unmoved(place: str) -> list[str]:
+            found = re.findall(rf"\b{re.escape(kind)} (\d+)\b", self.seen.get(place, ""))
+            return [f"{kind} {n}" for n in found if f"{kind} {n}" not in self.moved]
+
+        if self.here is not None:
+            for obj in unmoved(self.here):
+                if f"take {obj} from {self.here}" in admissible:
+                    return f"take {obj} from {self.here}", True
+            if f"open {self.here}" in admissible and "is closed" in observation:
+                return f"open {self.here}", False
+        for place in self.seen:  # one seen on the way to an earlier object
+            if place != self.here and unmoved(place) and f"go to {place}" in admissible:
+                return f"go to {place}", False
+        places = [c[len("go to "):] for c in admissible if c.startswith("go to ")]
+        places = [p for p in places if p not in self.visited and p != self.here]
+        if not places:
+            return "look", False  # searched everywhere: nothing of the kind left
+        seen = self.prior.get(kind, Counter())
+        order = {p: i for i, p in enumerate(places)}
+        return f"go to {min(places, key=lambda p: (-seen[receptacle_type(p)], order[p]))}", False
 
 
 async def play_oracle(
