@@ -72,7 +72,7 @@ class GuessEnv(Environment):
 def run_demos(monkeypatch, tmp_path, env: GuessEnv, *, concurrency: int, name: str = "demos.jsonl", **extra):
     monkeypatch.setattr(Registry, "build", lambda self, kind, name, config=None, **kw: env)
     out = tmp_path / name
-    extra = {"indices": None, "limit": None, **extra}
+    extra = {"indices": None, "limit": None, "overrides": [], **extra}
     args = argparse.Namespace(env="guess", split="train", out=str(out), error_rate=0.5, repeats=1,
                               seed=7, config=None, concurrency=concurrency, **extra)
     return demos.run(args), out

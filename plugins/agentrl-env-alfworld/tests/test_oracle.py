@@ -74,3 +74,26 @@ def test_searching_oracle_finds_objects_it_was_not_told_where_to_find(make_env):
     firsts = [json.loads(e.messages[2]["tool_calls"][0]["function"]["arguments"])["action"] for e in episodes]
     straight = [walkthrough_of(env.library.game_file(env.game("std", i)))[0] for i in indices]
     assert sum(a != b for a, b in zip(firsts, straight, strict=True)) >= GAMES_PER_SPLIT // 4
+
+
+def test_agentrl_demos_plays_the_searching_oracle_when_the_config_says_so(tmp_path):
+    import subprocess
+    import sys
+
+    def demos(name: str, *extra: str) -> list[dict]:
+        out = tmp_path / name
+        proc = subprocess.run([sys.executable, "-m", "agentrl_core.cli.main", "demos", "--env", "alfworld", "--split",
+                               "std", "--indices", "0-3", "--out", str(out), *extra],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    def actions(demo: dict) -> list[str]:
+        return [json.loads(m["tool_calls"][0]["function"]["arguments"])["action"] for m in demo["messages"]
+                if m["role"] == "assistant"]
+
+    straight = demos("walkthrough.jsonl")
+    searched = demos("search.jsonl", "--set", "environments.alfworld.oracle=search")
+    assert [d["index"] for d in searched] == [0, 1, 2, 3] and all(d["reward"] == 1.0 for d in straight)
+    assert any(actions(a) != actions(b) for a, b in zip(straight, searched, strict=True))
+    assert all(len(actions(a)) <= len(actions(b)) for a, b in zip(straight, searched, strict=True))

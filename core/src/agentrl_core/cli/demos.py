@@ -20,6 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", type=int, default=4,
                    help="episodes played at once (default 4); the file keeps index order either way")
     p.add_argument("--config", help="YAML config whose environments.<env> section configures the environment")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key of that config (or of the defaults), e.g. "
+                        "--set environments.alfworld.oracle=search (repeatable)")
     p.set_defaults(run=run)
 
 
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.indices is not None:
         parse_indices(args.indices)  # a malformed list fails before the environment is built
     registry = Registry()
-    config = load_config(args.config, registry=registry) if args.config else None
+    config = load_config(args.config, args.overrides, registry=registry) if args.config or args.overrides else None
     env_config = config.environment_config(args.env) if config else None
     env = registry.build(EnvironmentSpec, args.env, env_config)
 
