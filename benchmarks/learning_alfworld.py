@@ -63,13 +63,15 @@ from learning import (  # the learning benchmark's helpers
 CONFIG = ROOT / "examples" / "learning" / "alfworld.yaml"
 
 FULL = {
-    "size": "tiny", "demo_limit": None, "demo_stride": 1, "error_rate": 0.3, "sft_epochs": 1, "sft_lr": None,
+    "size": "tiny", "demo_limit": None, "demo_stride": 1, "oracle": "walkthrough", "error_rate": 0.3, "sft_epochs": 1,
+    "sft_lr": None,
     "eval_split": "std", "eval_limit": None, "seen_games": 40, "eval_repeats": 2, "eval_temperature": None,
     "train_limit": None, "total_steps": 300, "checkpoint_every": 5, "budget_s": 1800.0, "n_samples": 8,
     "batch_size": 4, "overrides": {},
 }
 QUICK = {
-    "size": "tiny", "demo_limit": 16, "demo_stride": 1, "error_rate": 0.3, "sft_epochs": 1, "sft_lr": None,
+    "size": "tiny", "demo_limit": 16, "demo_stride": 1, "oracle": "walkthrough", "error_rate": 0.3, "sft_epochs": 1,
+    "sft_lr": None,
     "eval_split": "std", "eval_limit": 3, "seen_games": 2, "eval_repeats": 2, "eval_temperature": None,
     "train_limit": 8, "total_steps": 2, "checkpoint_every": 1, "budget_s": 600.0, "n_samples": 2, "batch_size": 2,
     # a model after 2 SFT steps writes until the token limit in every turn: keep episodes short
@@ -99,6 +101,7 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
     indices = ["--indices", ",".join(map(str, every_nth))] if params["demo_stride"] > 1 else []
     timings["demos_s"] = agentrl(["demos", "--env", "alfworld", "--split", "train", *indices, *limit,
                                   "--error-rate", str(params["error_rate"]), "--seed", str(seed),
+                                  "--set", f"environments.alfworld.oracle={params['oracle']}",
                                   "--config", str(CONFIG), "--out", str(demos)], work / "logs" / "demos.log")["seconds"]
     sft_model = work / "sft_model"
     timings["sft_s"] = agentrl(["sft", str(CONFIG), *sets(model__path=str(model), run__output_dir=str(work / "sft"),
@@ -268,6 +271,11 @@ def main() -> int:
                              "(sft_metrics.jsonl), described in the result")
     parser.add_argument("--demo-stride", type=int, default=None,
                         help="play and train on every N-th training game only (default 1: all 2,714)")
+    parser.add_argument("--oracle", choices=("walkthrough", "search"), default=None,
+                        help="what the demonstrations play (default walkthrough: straight to each object; search: "
+                             "looks for it, as a player must)")
+    parser.add_argument("--error-rate", type=float, default=None,
+                        help="probability of a detour before each demonstrated step (default 0.3)")
     parser.add_argument("--sft-epochs", type=int, default=None, help="SFT epochs over the demonstrations (default 1)")
     parser.add_argument("--sft-lr", type=float, default=None,
                         help="SFT learning rate (default: the config's sft.lr, 3e-3, tuned on tiny)")
@@ -280,6 +288,12 @@ def main() -> int:
         params["budget_s"] = args.budget_s
     if args.size is not None:
         params["size"] = args.size
+    if args.oracle is not None:
+        params["oracle"] = args.oracle
+    if args.error_rate is not None:
+        if not 0.0 <= args.error_rate < 1.0:
+            raise SystemExit(f"--error-rate {args.error_rate}: must be at least 0 and below 1")
+        params["error_rate"] = args.error_rate
     if args.sft_lr is not None:
         if args.sft_lr <= 0:
             raise SystemExit(f"--sft-lr {args.sft_lr}: must be positive")

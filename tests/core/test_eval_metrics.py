@@ -122,3 +122,12 @@ def test_result_writer_keeps_each_episodes_metrics_and_their_means(tmp_path):
     ]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["models"]["m"]["alf-std"]["metrics_mean"] == {"nothing_happens": 2.5, "won": 0.5}
+
+
+def test_unknown_indices_by_value_and_by_position():
+    from agentrl_core.eval.runner import unknown_indices
+
+    assert unknown_indices([0, 1, 99, 165], [0, 1, 2, 98, 100, 165]) == [99]  # a split with gaps (ALFWorld train)
+    assert unknown_indices(["1", 2], [0, 1, 2]) == []  # "1" from YAML names index 1
+    # string index sets take an int as a position, as environments do
+    assert unknown_indices([0, 2, "fixed_9", 3], ["fixed_0", "fixed_1", "fixed_9"]) == [3]

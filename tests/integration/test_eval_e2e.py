@@ -108,3 +108,15 @@ def test_eval_of_a_run_folder_evaluates_its_final_policy_and_says_so(tmp_path, t
     assert f"model default: {final} (model.path)" in out.stdout
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     assert summary["models"]["default"]["calc-test"]["episodes"] == 6
+
+
+def test_eval_task_indices_outside_the_split_are_one_sentence(tmp_path, tiny_model_dir):
+    config = base_config(tmp_path, tiny_model_dir)
+    config["eval"]["tasks"] = [{"env": "calc", "split": "test", "indices": [0, 1, 99999, 100000]}]
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = subprocess.run([sys.executable, "-m", "agentrl_core.cli.main", "eval", str(path), "--out",
+                          str(tmp_path / "out")], capture_output=True, text=True, timeout=900)
+    assert out.returncode != 0
+    assert "eval task 'calc-test': indices 99999, 100000 are not in split 'test' of 'calc'" in out.stderr, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr

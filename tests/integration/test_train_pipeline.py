@@ -273,3 +273,15 @@ def test_a_lora_run_syncs_the_adapter_alone_and_samples_with_its_versions(tmp_pa
         versions = {v for (row,) in conn.execute("SELECT versions FROM tokens") for v in json.loads(row) if v >= 0}
     assert {1, 2} <= versions <= {0, 1, 2}
     assert (run_dir / "final_model" / "adapter" / "adapter_config.json").is_file()
+
+
+def test_a_validation_task_with_an_index_outside_its_split_stops_the_run_before_training(tmp_path, tiny_model_dir):
+    config = write_config(tmp_path, tiny_model_dir, "badeval",
+                          **{"train.eval_tasks": [{"env": "calc", "split": "test", "indices": [0, 99999]}],
+                             "train.eval_every": 2})
+    proc = agentrl("train", str(config))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode != 0
+    assert "eval task 'calc-test': indices 99999 are not in split 'test' of 'calc'" in out, out[-4000:]
+    assert not (tmp_path / "badeval" / "trained_groups.jsonl").exists()  # no step was trained
+    assert_no_processes_left(tmp_path / "badeval")

@@ -258,6 +258,10 @@ class Trainer:
                                            interval=c.engine.health_check_interval,
                                            unhealthy_checks=c.engine.unhealthy_checks, max_restarts=c.engine.max_restarts)
             tasks = [StreamTask.from_config(t, await client.get_indices(t.task_name)) for t in c.tasks]
+            from agentrl_core.eval.runner import task_indices
+
+            for task in c.train.eval_tasks:  # a wrong index fails now, not at the first validation steps later
+                await task_indices(client, task)
             self.stream = TaskStream(tasks, c.rollout.n_samples, seed=c.run.seed)
             await self._maybe_resume()
             self.metrics_out = self._loggers()
