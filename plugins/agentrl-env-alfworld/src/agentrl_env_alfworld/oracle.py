@@ -100,6 +100,8 @@ class WalkthroughOracle:
 
 
 _TAKE = re.compile(r"^take (\S+) (\d+) from (.+)$")
+# the receptacle a step acts at: put/move X to Y, heat/cool/clean X with Y
+_DESTINATION = re.compile(r"^(?:put .+ in/on|move .+ to|(?:heat|cool|clean) .+ with) (\S+ \d+)$")
 
 
 def receptacle_type(name: str) -> str:
@@ -122,7 +124,7 @@ def where_taken(walkthroughs: Iterable[Sequence[str]]) -> dict[str, Counter[str]
 def search_plan(walkthrough: Sequence[str]) -> list[tuple[str, str]]:
     """The walkthrough with each way to an object replaced by a search for its type.
 
-    ``go to Y`` (and ``open Y``) right before ``take O N from Y`` become ``("search", "O N")``;
+    ``go to`` (and ``open Y``) right before ``take O N from Y`` become ``("search", "O N")``;
     every other step stays ``("step", text)``. The walkthrough knows where the object is; the
     search only knows the room's receptacles and where such objects usually are.
     """
@@ -131,7 +133,11 @@ def search_plan(walkthrough: Sequence[str]) -> list[tuple[str, str]]:
         take = _TAKE.match(step)
         if take:
             place = take.group(3)
-            while plan and plan[-1][0] == "step" and plan[-1][1] in (f"go to {place}", f"open {place}"):
+            # the way there: opening it, and the go to before (to it, or to one beside it: "go to desk 1",
+            # "take keychain 1 from drawer 1")
+            if plan and plan[-1] == ("step", f"open {place}"):
+                plan.pop()
+            if plan and plan[-1][0] == "step" and plan[-1][1].startswith("go to "):
                 plan.pop()
             plan.append(("search", f"{take.group(1)} {take.group(2)}"))
         else:
@@ -188,8 +194,8 @@ class SearchingOracle(WalkthroughOracle):
                 self.moved.add(found)
             self.position += 1
         self._pending = False
-        while self.position < len(self.plan) and self.plan[self.position] == ("step", f"go to {self.here}"):
-            self.position += 1  # the search ended where the walkthrough goes next
+        while self.position < len(self.plan) and self._needless(self.plan[self.position], admissible):
+            self.position += 1
         if self.position >= len(self.plan):
             action = "look"
         elif self.error_rate > 0 and self.rng.random() < self.error_rate:
@@ -202,12 +208,24 @@ class SearchingOracle(WalkthroughOracle):
             else:
                 action = to_command(self._renamed(target), admissible, self.wording)
                 self._pending = True
-                if action not in admissible and f"open {self.here}" in admissible and "is closed" in observation:
+                place = _DESTINATION.match(action)
+                if action in admissible or place is None:
+                    pass
+                elif place.group(1) != self.here and f"go to {place.group(1)}" in admissible:
+                    # the walkthrough was there already (its object lay next to it), the search was not
+                    action, self._pending = f"go to {place.group(1)}", False
+                elif f"open {self.here}" in admissible and "is closed" in observation:
                     # the walkthrough opened this receptacle on its way to the object, the search did not
                     action, self._pending = f"open {self.here}", False
         self._last = action
         self.calls += 1
         return assistant_tool_call("take_action", {"action": action}, call_id=f"call_{self.calls}")
+
+    def _needless(self, item: tuple[str, str], admissible: Sequence[str]) -> bool:
+        """A walkthrough step the search made needless: going where it already is, opening what it opened
+        (the game would snap that to "close")."""
+        kind, step = item
+        return kind == "step" and (step == f"go to {self.here}" or (step.startswith("open ") and step not in admissible))
 
     def _renamed(self, step: str) -> str:
         for old, new in self.renamed.items():
