@@ -153,9 +153,10 @@ class SearchingOracle(WalkthroughOracle):
     room's receptacles (those with a ``go to`` command), the likeliest first by ``prior``
     (:func:`where_taken` over the training games) and then in the listed order, opens a closed
     one, and takes the first object of the wanted type it sees (not one it already moved); the
-    walkthrough's later steps then name that object. Everything else is the walkthrough's, and
-    mistakes are made as :class:`WalkthroughOracle` makes them. A search can run out of steps in
-    a large room where the walkthrough would not.
+    walkthrough's later steps then name that object, and those the search made wrong are mended
+    (going to a destination the walkthrough stood beside, opening one it had opened on its way,
+    skipping an ``open`` of what is open). Mistakes are made as :class:`WalkthroughOracle` makes
+    them. A search can run out of steps in a large room where the walkthrough would not.
     """
 
     def __init__(self, game_file: Callable[[], str | Path], *, prior: dict[str, Counter[str]] | None = None,
@@ -209,14 +210,13 @@ class SearchingOracle(WalkthroughOracle):
                 action = to_command(self._renamed(target), admissible, self.wording)
                 self._pending = True
                 place = _DESTINATION.match(action)
-                if action in admissible or place is None:
-                    pass
-                elif place.group(1) != self.here and f"go to {place.group(1)}" in admissible:
-                    # the walkthrough was there already (its object lay next to it), the search was not
-                    action, self._pending = f"go to {place.group(1)}", False
-                elif f"open {self.here}" in admissible and "is closed" in observation:
-                    # the walkthrough opened this receptacle on its way to the object, the search did not
-                    action, self._pending = f"open {self.here}", False
+                if action not in admissible and place is not None:
+                    if place.group(1) != self.here and f"go to {place.group(1)}" in admissible:
+                        # the walkthrough was there already (its object lay next to it), the search was not
+                        action, self._pending = f"go to {place.group(1)}", False
+                    elif f"open {self.here}" in admissible and "is closed" in observation:
+                        # the walkthrough opened this receptacle on its way to the object, the search did not
+                        action, self._pending = f"open {self.here}", False
         self._last = action
         self.calls += 1
         return assistant_tool_call("take_action", {"action": action}, call_id=f"call_{self.calls}")
@@ -253,9 +253,9 @@ class SearchingOracle(WalkthroughOracle):
         places = [p for p in places if p not in self.visited and p != self.here]
         if not places:
             return "look", False  # searched everywhere: nothing of the kind left
-        seen = self.prior.get(kind, Counter())
+        likely = self.prior.get(kind, Counter())
         order = {p: i for i, p in enumerate(places)}
-        return f"go to {min(places, key=lambda p: (-seen[receptacle_type(p)], order[p]))}", False
+        return f"go to {min(places, key=lambda p: (-likely[receptacle_type(p)], order[p]))}", False
 
 
 async def play_oracle(
