@@ -124,10 +124,22 @@ def test_result_writer_keeps_each_episodes_metrics_and_their_means(tmp_path):
     assert summary["models"]["m"]["alf-std"]["metrics_mean"] == {"nothing_happens": 2.5, "won": 0.5}
 
 
-def test_unknown_indices_by_value_and_by_position():
-    from agentrl_core.eval.runner import unknown_indices
+def test_select_indices_by_value_and_by_position():
+    from agentrl_core.config import TaskConfig
+    from agentrl_core.errors import ConfigError
 
-    assert unknown_indices([0, 1, 99, 165], [0, 1, 2, 98, 100, 165]) == [99]  # a split with gaps (ALFWorld train)
-    assert unknown_indices(["1", 2], [0, 1, 2]) == []  # "1" from YAML names index 1
+    def select(indices, available, limit=None):
+        return TaskConfig(env="alfworld", split="train", indices=indices, limit=limit).select_indices(
+            available, role="eval task")
+
+    with pytest.raises(ConfigError, match=r"^eval task 'alfworld-train': indices 99 are not in split 'train' of "
+                                          r"'alfworld' \(6 indices\)$"):
+        select([0, 1, 99, 165], [0, 1, 2, 98, 100, 165])  # a split with gaps (ALFWorld train)
+    assert select(["1", 2], [0, 1, 2]) == ["1", 2]  # "1" from YAML names index 1
     # string index sets take an int as a position, as environments do
-    assert unknown_indices([0, 2, "fixed_9", 3], ["fixed_0", "fixed_1", "fixed_9"]) == [3]
+    assert select([0, 2, "fixed_9"], ["fixed_0", "fixed_1", "fixed_9"]) == [0, 2, "fixed_9"]
+    with pytest.raises(ConfigError, match="indices 3 are not"):
+        select([0, 3], ["fixed_0", "fixed_1", "fixed_9"])
+    with pytest.raises(ConfigError, match="indices 10, 11, 12, 13, 14 and 2 more are not"):
+        select(list(range(17)), list(range(10)))
+    assert select(None, [5, 6, 7], limit=2) == [5, 6] and select([7, 5], [5, 6, 7], limit=1) == [7]

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 
 from agentrl_core.config import TaskConfig
+from agentrl_core.errors import ConfigError
 from agentrl_core.train.task_stream import StreamTask, TaskStream
 
 
@@ -83,8 +84,10 @@ def test_from_config_indices_and_limit():
     assert st.name == "db-std" and st.indices == ("q0", "q1", "q2") and st.weight == 2.0
     st = StreamTask.from_config(TaskConfig(env="db", split="std", indices=["q3", "q1"]), ["q0", "q1", "q2", "q3"])
     assert st.indices == ("q3", "q1")
-    with pytest.raises(ValueError, match="not in split"):
+    with pytest.raises(ConfigError, match=r"^task 'db-std': indices nope are not in split 'std' of 'db' \(1 indices\)$"):
         StreamTask.from_config(TaskConfig(env="db", split="std", indices=["nope"]), ["q0"])
+    # an int names a string index by position, as environments accept (the same rule as agentrl eval's)
+    assert StreamTask.from_config(TaskConfig(env="db", split="std", indices=[2]), ["q0", "q1", "q2"]).indices == (2,)
     with pytest.raises(ValueError, match="no indices"):
         StreamTask("e-s", "e", "s", [])
     with pytest.raises(ValueError, match="unique"):

@@ -15,7 +15,7 @@ plugin fails with "install agentrl-...". See :func:`load_config`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -102,6 +102,24 @@ class TaskConfig:
     @property
     def task_name(self) -> str:
         return self.name or f"{self.env}-{self.split}"
+
+    def select_indices(self, available: Sequence[int | str], *, role: str = "task") -> list[int | str]:
+        """The indices this task plays out of its split's ``available`` ones: ``indices`` (each must be
+        in the split; an int also names a string index by position, as environments accept) or all of
+        them, then the first ``limit``. An index the split lacks is a ConfigError naming it (``role``
+        says which task it is: "task", "eval task")."""
+        selected = list(available)
+        if self.indices is not None:
+            known = {str(i) for i in available}
+            by_position = bool(available) and isinstance(available[0], str)
+            missing = [i for i in self.indices if str(i) not in known
+                       and not (by_position and isinstance(i, int) and 0 <= i < len(available))]
+            if missing:  # one sentence now, rather than each episode an infrastructure failure later
+                shown = ", ".join(map(str, missing[:5])) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+                raise ConfigError(f"{role} {self.task_name!r}: indices {shown} are not in split {self.split!r} of "
+                                  f"{self.env!r} ({len(available)} indices)")
+            selected = list(self.indices)
+        return selected[: self.limit] if self.limit is not None else selected
 
 
 @frozen

@@ -66,27 +66,9 @@ async def build_requests(client: Any, tasks: Sequence[TaskConfig], repeats: int,
 
 
 async def task_indices(client: Any, task: TaskConfig) -> list[Any]:
-    """The indices an evaluation task plays: its ``indices`` (each checked against the split) or the
-    split's, then its ``limit``. An index the split lacks is a ConfigError naming it."""
-    available = await client.get_indices(task.task_name)
-    indices = list(available)
-    if task.indices is not None:
-        missing = unknown_indices(task.indices, available)
-        if missing:  # one sentence now, rather than each episode an infrastructure failure later
-            shown = ", ".join(map(str, missing[:5])) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            raise ConfigError(f"eval task {task.task_name!r}: indices {shown} are not in split {task.split!r} of "
-                              f"{task.env!r} ({len(available)} indices)")
-        indices = list(task.indices)
-    return indices[: task.limit] if task.limit is not None else indices
-
-
-def unknown_indices(wanted: Sequence[Any], available: Sequence[Any]) -> list[Any]:
-    """The ``wanted`` indices that are not in ``available`` (an int also names a string index by position,
-    as environments accept)."""
-    known = {str(i) for i in available}
-    by_position = bool(available) and isinstance(available[0], str)
-    return [i for i in wanted if str(i) not in known
-            and not (by_position and isinstance(i, int) and 0 <= i < len(available))]
+    """The indices an evaluation task plays (:meth:`TaskConfig.select_indices` of its split's); an index
+    the split lacks is a ConfigError naming it."""
+    return task.select_indices(await client.get_indices(task.task_name), role="eval task")
 
 
 async def run_requests(

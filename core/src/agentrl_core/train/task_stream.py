@@ -49,21 +49,10 @@ class StreamTask:
 
     @classmethod
     def from_config(cls, task: Any, available: Sequence[Index]) -> StreamTask:
-        """From a :class:`~agentrl_core.config.TaskConfig` and its split's index list.
-
-        ``task.indices`` (when set) must be a subset of ``available``; ``task.limit`` keeps
-        the first ``limit`` indices (before any shuffling).
-        """
-        indices = list(available)
-        if task.indices is not None:
-            known = {str(i) for i in available}
-            missing = [i for i in task.indices if str(i) not in known]
-            if missing:
-                raise ValueError(f"task {task.task_name!r}: indices {missing[:5]} are not in split {task.split!r} of {task.env!r}")
-            indices = list(task.indices)
-        if task.limit is not None:
-            indices = indices[: task.limit]
-        return cls(task.task_name, task.env, task.split, tuple(indices), task.weight)
+        """From a :class:`~agentrl_core.config.TaskConfig` and its split's index list: the task's
+        ``select_indices`` (its ``indices``, each checked against the split, or all; then its ``limit``,
+        before any shuffling)."""
+        return cls(task.task_name, task.env, task.split, tuple(task.select_indices(available)), task.weight)
 
 
 @frozen
