@@ -80,6 +80,7 @@ from learning import (  # the learning benchmark's helpers
     read_metrics,
     require_plotting,
     trained_model,
+    write_result,
 )
 
 CONFIG = ROOT / "examples" / "learning" / "calc_two_lengths.yaml"
@@ -466,10 +467,7 @@ def main() -> int:
         "machine": machine(load_before),
         "wall_s": round(time.monotonic() - started, 1),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out.with_suffix(".png"))
-    print(f"\nwrote {out} and {out.with_suffix('.png')}")
+    print(f"\nwrote {write_result(result, out, plot)}")
     for arm, agg in result["arms"].items():
         late = agg["late_training_reward"]
         held = ", ".join(f"{t} {v['mean']:.3f}±{v['std']:.3f}" for t, v in agg["heldout_success"].items())

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learning import RESULTS, ROOT, agentrl, machine
+from learning import RESULTS, ROOT, agentrl, machine, write_result
 
 ENVIRONMENTS = {"db": "gen-train", "kg": "fb-train", "webshop": "bundled-train", "alfworld": "train"}
 WORD = re.compile(r"[A-Za-z][A-Za-z0-9]{2,}")
@@ -174,9 +174,7 @@ def main() -> int:
               f"after a quote or bracket {r['respelled_after_quote_or_bracket']}", flush=True)
     result = {"benchmark": "copy_tokens", "quick": args.quick, "limit": limit, "tokenizer": str(model),
               "environments": results, "machine": machine(load_before), "wall_s": round(time.monotonic() - started, 1)}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {out}")
+    print(f"\nwrote {write_result(result, out)}")
     return 0
 
 

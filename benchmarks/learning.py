@@ -41,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -266,6 +266,17 @@ def machine(load_before: tuple[float, ...]) -> dict[str, Any]:
             "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg())}
 
 
+def write_result(result: dict[str, Any], out: Path, plot: Callable[[dict[str, Any], Path], None] | None = None) -> str:
+    """Write a benchmark's ``result`` as JSON to ``out`` and, given ``plot``, its PNG beside it; returns
+    what was written ("OUT" or "OUT and PNG"), for the closing line."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    if plot is None:
+        return str(out)
+    plot(result, out.with_suffix(".png"))
+    return f"{out} and {out.with_suffix('.png')}"
+
+
 def require_plotting() -> None:
     """Fail at the start, not after the runs, when the PNG cannot be drawn."""
     try:
@@ -377,10 +388,7 @@ def main() -> int:
         "machine": machine(load_before),
         "wall_s": round(time.monotonic() - started, 1),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out.with_suffix(".png"))
-    print(f"\nwrote {out} and {out.with_suffix('.png')}; checks: {checks}"
+    print(f"\nwrote {write_result(result, out, plot)}; checks: {checks}"
           f"{' (quick: not targets)' if args.quick else ''}; load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}")
     return 0 if args.quick or result["passed"] else 1
 

@@ -65,6 +65,7 @@ from learning import (  # the learning benchmark's helpers
     require_plotting,
     sets,
     train,
+    write_result,
 )
 
 CONFIG = ROOT / "examples" / "learning" / "db.yaml"
@@ -688,9 +689,7 @@ def main() -> int:
                   "params": {**params, "seed": args.seed, "spell_probe_seed": SPELL_PROBE_SEED},
                   "sft": {k: v for k, v in prepared.items() if k != "model"},
                   "machine": machine(load_before), "wall_s": round(time.monotonic() - started, 1)}
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"\nwrote {out} (--spell-only: the spelling stage and its probe)")
+        print(f"\nwrote {write_result(result, out)} (--spell-only: the spelling stage and its probe)")
         return 0
     print(f"SFT model ready: {prepared['demos']} demonstrations ({prepared['demo_success']:.0%} correct, "
           f"{prepared['demo_recovered_slips']} recovered slips), {prepared['sft_steps']} SFT steps, "
@@ -707,9 +706,7 @@ def main() -> int:
                              "eval_tasks": eval_tasks(params)},
                   "sft": {k: v for k, v in prepared.items() if k != "model"}, "before": before,
                   "machine": machine(load_before), "wall_s": round(time.monotonic() - started, 1)}
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"\nwrote {out} (--sft-only: no RL)")
+        print(f"\nwrote {write_result(result, out)} (--sft-only: no RL)")
         return 0
     renamed = {"environments__db__gen_train_rename_seed": params["rename_rounds"]} if params["rename_rounds"] else {}
     run = train(prepared["model"], work / "grpo", params, config=CONFIG,
@@ -741,10 +738,7 @@ def main() -> int:
         "machine": machine(load_before),
         "wall_s": round(time.monotonic() - started, 1),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out.with_suffix(".png"))
-    print(f"\nwrote {out} and {out.with_suffix('.png')}; checks: {checks}"
+    print(f"\nwrote {write_result(result, out, plot)}; checks: {checks}"
           f"{' (quick: not the target)' if args.quick else ''}; load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}")
     return 0 if args.quick or result["passed"] else 1
 
