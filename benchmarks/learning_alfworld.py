@@ -31,6 +31,12 @@ per-step training reward as the learning curve.
     python benchmarks/learning_alfworld.py                  # ~90 min on 2 cores (demos 12, SFT 19, RL 30, evals 2 x 10)
     python benchmarks/learning_alfworld.py --sft-only       # the warm-up and its evaluation alone
     python benchmarks/learning_alfworld.py --quick          # a few minutes: the plumbing, no target
+    # RL from a given warm-up, on one task type, sampling cooler than the config's 1.0:
+    python benchmarks/learning_alfworld.py --sft-model M --task-types pick_and_place_simple --seen-games 20 \
+        --eval-repeats 4 --eval-temperature 0.3 --rollout-temperature 0.6 --rl-lr 5e-4
+
+``--task-types`` keeps demonstrations, RL and both evaluations to games of those types (a
+warm-up on one type is judged on that type's held-out games).
 
 Writes ``benchmarks/results/learning_alfworld.json`` (or ``learning_alfworld_quick.json``) and a
 PNG beside it. The configuration is ``examples/learning/alfworld.yaml``; this script sets paths,
@@ -58,6 +64,7 @@ from learning import (  # the learning benchmark's helpers
     require_plotting,
     sets,
     train,
+    write_result,
 )
 
 CONFIG = ROOT / "examples" / "learning" / "alfworld.yaml"
@@ -67,15 +74,16 @@ FULL = {
     "sft_lr": None,
     "eval_split": "std", "eval_limit": None, "seen_games": 40, "eval_repeats": 2, "eval_temperature": None,
     "train_limit": None, "total_steps": 300, "checkpoint_every": 5, "budget_s": 1800.0, "n_samples": 8,
-    "batch_size": 4, "overrides": {},
+    "batch_size": 4, "task_types": None, "overrides": {}, "train_overrides": {},
 }
 QUICK = {
     "size": "tiny", "demo_limit": 16, "demo_stride": 1, "oracle": "walkthrough", "error_rate": 0.3, "sft_epochs": 1,
     "sft_lr": None,
     "eval_split": "std", "eval_limit": 3, "seen_games": 2, "eval_repeats": 2, "eval_temperature": None,
     "train_limit": 8, "total_steps": 2, "checkpoint_every": 1, "budget_s": 600.0, "n_samples": 2, "batch_size": 2,
+    "task_types": None,
     # a model after 2 SFT steps writes until the token limit in every turn: keep episodes short
-    "overrides": {"rollout__max_turns": 3, "environments__alfworld__max_steps": 3},
+    "overrides": {"rollout__max_turns": 3, "environments__alfworld__max_steps": 3}, "train_overrides": {},
 }
 TARGET_IMPROVEMENT = 0.15  # issue 31: +15 points held-out
 
@@ -88,6 +96,23 @@ def task_types(split: str) -> dict[int, str]:
     return {i: library.ref(split, i).task_type for i in library.index_sets()[split]}
 
 
+def games(split: str, params: dict[str, Any]) -> list[int]:
+    """The indices of ``split``'s games of ``params["task_types"]`` (all games when None), in order."""
+    wanted = params["task_types"]
+    return sorted(i for i, kind in task_types(split).items() if wanted is None or kind in wanted)
+
+
+def parse_task_types(value: str) -> list[str]:
+    """``--task-types``: comma-separated task type names, each one of the six ALFWorld has."""
+    known = sorted(set(task_types("train").values()))
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if not names or unknown:
+        raise SystemExit(f"--task-types {value!r}: " + (f"unknown task type(s) {', '.join(unknown)}" if unknown
+                                                         else "no task type named") + f"; known: {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
 def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None) -> dict[str, Any]:
     """Model init (unless given), demonstrations of every ``demo_stride``-th training game, SFT."""
     timings: dict[str, float] = {}
@@ -97,8 +122,8 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
                                            "--seed", str(seed)], work / "logs" / "model_init.log")["seconds"]
     demos = work / "demos.jsonl"
     limit = ["--limit", str(params["demo_limit"])] if params["demo_limit"] else []
-    every_nth = sorted(task_types("train"))[::params["demo_stride"]]
-    indices = ["--indices", ",".join(map(str, every_nth))] if params["demo_stride"] > 1 else []
+    every_nth = games("train", params)[::params["demo_stride"]]
+    indices = ["--indices", ",".join(map(str, every_nth))] if params["demo_stride"] > 1 or params["task_types"] else []
     timings["demos_s"] = agentrl(["demos", "--env", "alfworld", "--split", "train", *indices, *limit,
                                   "--error-rate", str(params["error_rate"]), "--seed", str(seed),
                                   "--set", f"environments.alfworld.oracle={params['oracle']}",
@@ -172,9 +197,11 @@ def eval_tasks(params: dict[str, Any]) -> list[dict[str, Any]]:
     task: dict[str, Any] = {"env": "alfworld", "split": params["eval_split"], "name": params["eval_split"]}
     if params["eval_limit"]:
         task["limit"] = params["eval_limit"]
+    if params["task_types"]:
+        task["indices"] = games(params["eval_split"], params)
     tasks = [task]
     if params["seen_games"]:
-        train = sorted(task_types("train"))
+        train = games("train", params)
         step = max(len(train) // params["seen_games"], 1)
         tasks.append({"env": "alfworld", "split": "train", "name": "train-seen",
                       "indices": train[::step][: params["seen_games"]]})
@@ -283,6 +310,14 @@ def main() -> int:
     parser.add_argument("--eval-temperature", type=float, default=None,
                         help="sampling temperature of the evaluations (default: the config's rollout.temperature, 1.0; "
                              "0 is greedy; a small model misspells fewer names at 0.3)")
+    parser.add_argument("--task-types", default=None,
+                        help="comma-separated task types (e.g. pick_and_place_simple): demonstrations, RL and both "
+                             "evaluations use only games of these (default: all six)")
+    parser.add_argument("--seen-games", type=int, default=None,
+                        help="training games evaluated beside the held-out ones (default 40; 0: none)")
+    parser.add_argument("--rollout-temperature", type=float, default=None,
+                        help="sampling temperature of RL's rollouts (default: the config's, 1.0)")
+    parser.add_argument("--rl-lr", type=float, default=None, help="RL learning rate (default: the config's optim.lr)")
     parser.add_argument("--sft-only", action="store_true", help="stop after evaluating the SFT model")
     args = parser.parse_args()
     require_plotting()
@@ -297,6 +332,21 @@ def main() -> int:
         params["eval_temperature"] = args.eval_temperature
     if args.oracle is not None:
         params["oracle"] = args.oracle
+    if args.task_types is not None:
+        params["task_types"] = parse_task_types(args.task_types)
+    if args.seen_games is not None:
+        if args.seen_games < 0:
+            raise SystemExit(f"--seen-games {args.seen_games}: must be 0 or more")
+        params["seen_games"] = args.seen_games
+    params["train_overrides"] = dict(params["train_overrides"])
+    if args.rollout_temperature is not None:
+        if args.rollout_temperature <= 0:
+            raise SystemExit(f"--rollout-temperature {args.rollout_temperature}: must be positive (RL samples)")
+        params["train_overrides"]["rollout__temperature"] = args.rollout_temperature
+    if args.rl_lr is not None:
+        if args.rl_lr <= 0:
+            raise SystemExit(f"--rl-lr {args.rl_lr}: must be positive")
+        params["train_overrides"]["optim__lr"] = args.rl_lr
     if args.error_rate is not None:
         if not 0.0 <= args.error_rate < 1.0:
             raise SystemExit(f"--error-rate {args.error_rate}: must be at least 0 and below 1")
@@ -341,16 +391,17 @@ def main() -> int:
         out = out.with_name(out.stem + "_sft.json") if not args.out else out
         result = {"benchmark": "learning_alfworld", "sft_only": True, "quick": args.quick, **common,
                   "machine": machine(load_before), "wall_s": round(time.monotonic() - started, 1)}
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"\nwrote {out} (--sft-only: no RL)")
+        print(f"\nwrote {write_result(result, out)} (--sft-only: no RL)")
         return 0
 
     train_task: dict[str, Any] = {"env": "alfworld", "split": "train", "name": "train"}
     if params["train_limit"]:
         train_task["limit"] = params["train_limit"]
+    if params["task_types"]:
+        train_task["indices"] = games("train", params)
     run = train(prepared["model"], work / "grpo", params, config=CONFIG,
-                extra={**params["overrides"], "run__seed": args.seed, "tasks": [train_task]})
+                extra={**params["overrides"], **params["train_overrides"], "run__seed": args.seed,
+                       "tasks": [train_task]})
     after = evaluate(run["model"], work / "eval_grpo", params)
     change = {n: after["tasks"][n]["success"] - before["tasks"][n]["success"] for n in before["tasks"]}
     print(f"RL: {run['steps']} steps in {run['train_command_s']:.0f} s"
@@ -364,10 +415,7 @@ def main() -> int:
               "train": run, "after": after, "change": change, "checks": checks,
               "passed": all(checks.values()) if not args.quick else None,
               "machine": machine(load_before), "wall_s": round(time.monotonic() - started, 1)}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out.with_suffix(".png"))
-    print(f"\nwrote {out} and {out.with_suffix('.png')}; checks: {checks}"
+    print(f"\nwrote {write_result(result, out, plot)}; checks: {checks}"
           f"{' (quick: not the target)' if args.quick else ''}; load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}")
     return 0 if args.quick or result["passed"] else 1
 

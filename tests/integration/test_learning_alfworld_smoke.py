@@ -29,11 +29,22 @@ def actions(demo: dict) -> list[str]:
             for c in m.get("tool_calls") or []]
 
 
+TYPES = ("pick_and_place_simple", "pick_heat_then_place_in_recep")
+
+
+def games_of(split: str, types: tuple[str, ...]) -> list[int]:
+    from agentrl_env_alfworld.data import GameLibrary
+
+    library = GameLibrary()
+    return sorted(i for i in library.index_sets()[split] if library.ref(split, i).task_type in types)
+
+
 def test_quick_alfworld_learning_benchmark_runs_every_stage(tmp_path, tiny_model_dir):
     out = tmp_path / "learning_alfworld_quick.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "learning_alfworld.py"), "--quick", "--work", str(tmp_path / "work"),
-         "--out", str(out), "--model", str(tiny_model_dir), "--demo-stride", "2"],
+         "--out", str(out), "--model", str(tiny_model_dir), "--demo-stride", "2", "--task-types", ",".join(TYPES),
+         "--rollout-temperature", "0.7", "--rl-lr", "1e-4"],
         capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -43,8 +54,11 @@ def test_quick_alfworld_learning_benchmark_runs_every_stage(tmp_path, tiny_model
 
     sft = result["sft"]
     kept = [json.loads(line) for line in (tmp_path / "work" / "demos.jsonl").read_text().splitlines()]
-    # --demo-stride 2: every other training game played (agentrl demos --indices), then --limit
-    assert [d["index"] for d in kept] == list(range(0, 2 * params["demo_limit"], 2))
+    # --task-types and --demo-stride 2: every other training game of those types played (agentrl demos
+    # --indices), then --limit
+    train_games = games_of("train", TYPES)
+    assert [d["index"] for d in kept] == train_games[::2][: params["demo_limit"]]
+    assert set(sft["demos_by_type"]) <= set(TYPES)
     assert sft["demos"] == len(kept) and sum(sft["demos_by_type"].values()) == len(kept)
     assert all(d["task"] == "alfworld" and d["split"] == "train" for d in kept)
     # the walkthroughs with detours still win (a detour is harmless), in more turns than the walkthrough
@@ -73,9 +87,16 @@ def test_quick_alfworld_learning_benchmark_runs_every_stage(tmp_path, tiny_model
     assert [p["step"] for p in train["curve"]] == list(range(1, train["steps"] + 1))
     assert all(0.0 <= p["reward"] <= 1.0 and p["trajectories"] > 0 for p in train["curve"])
     assert Path(train["model"]).name == "final_model" and train["model_step"] == train["steps"]
-    seen = yaml.safe_load((tmp_path / "work" / "eval_sft" / "config.yaml").read_text())["eval"]["tasks"][1]
-    assert seen["split"] == "train" and seen["indices"] == [0, 1504]  # of the 2,714 training games, every 1,357th
+    evaluated = yaml.safe_load((tmp_path / "work" / "eval_sft" / "config.yaml").read_text())
+    std, seen = evaluated["eval"]["tasks"]
+    assert std["split"] == "std" and std["indices"] == games_of("std", TYPES)
+    # of the training games of the two types, two spread over them
+    assert seen["split"] == "train" and seen["indices"] == train_games[:: len(train_games) // 2][:2]
     config = yaml.safe_load((tmp_path / "work" / "grpo" / "config.yaml").read_text())
-    assert [(t["env"], t["split"], t["limit"]) for t in config["tasks"]] == [("alfworld", "train", params["train_limit"])]
+    assert [(t["env"], t["split"], t["limit"], t["indices"]) for t in config["tasks"]] == [
+        ("alfworld", "train", params["train_limit"], train_games)]
     assert config["environments"]["alfworld"]["max_steps"] == 3  # the quick overrides reach the training run
+    # --rollout-temperature and --rl-lr reach the training run only
+    assert config["rollout"]["temperature"] == 0.7 and config["optim"]["lr"] == 1e-4
+    assert evaluated["rollout"]["temperature"] == 1.0 and evaluated["optim"]["lr"] == 2e-4
     assert result["passed"] is None  # --quick checks the plumbing, never claims the target
