@@ -66,6 +66,10 @@ def test_quick_alfworld_learning_benchmark_runs_every_stage(tmp_path, tiny_model
     detours = [a for d in kept for a in actions(d) if a in ("look", "inventory", *UNKNOWN) or a.startswith("examine ")]
     assert detours  # --error-rate 0.3 over 16 games: some detours, which the model imitates too
     assert sft["sft_steps"] >= 1 and sft["sft_final_nll"] > 0
+    # SFT keeps won demonstrations only (the searching oracle loses some; the walkthrough none)
+    assert sft["demos_trained"] == len(kept)
+    assert f"from {len(kept)} demonstrations (0 below sft.min_reward 1 left out)" in (
+        tmp_path / "work" / "logs" / "sft.log").read_text()
 
     for ev in (result["before"], result["after"]):
         task = ev["tasks"]["std"]

@@ -73,8 +73,11 @@ def run_sft(config: Config, *, echo: Any = print) -> Path:
     if rank == 0:
         config.run.dir.mkdir(parents=True, exist_ok=True)
         log_path.write_text("")
+        below = ("" if s.min_reward is None else
+                 f" ({sum(1 for r in records if float(r.get('reward', 0.0)) < s.min_reward)} below "
+                 f"sft.min_reward {s.min_reward:g} left out)")
         echo(f"sft: {len(sequences)} sequences ({sum(sum(q.loss_mask) for q in sequences)} assistant tokens) "
-             f"from {len(records)} demonstrations, {s.epochs} epoch(s), batch {s.batch_size}, world {world}")
+             f"from {len(records)} demonstrations{below}, {s.epochs} epoch(s), batch {s.batch_size}, world {world}")
     rng = random.Random(config.run.seed)
     t0 = time.monotonic()
     step = 0
