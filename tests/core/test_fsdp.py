@@ -8,6 +8,7 @@ an independent, naive log-prob computation (one forward per sequence, full softm
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import random
@@ -153,6 +154,12 @@ def fsdp_worker(rank, world_size, port, model_dir, samples, out_path, budget):
         result["one_grads"] = full_grads()
         if rank == 0:
             torch.save(result, out_path)
+        # shut down in LearnerActor.shutdown's order: the FSDP modules (and the collectives they hold)
+        # before the process group. With the learner outliving the group, rank 1 once aborted at exit
+        # in CI ("terminate called without an active exception"; not reproduced on demand)
+        learner.close()
+        del result
+        gc.collect()
         dist.barrier()
     finally:
         dist.destroy_process_group()
