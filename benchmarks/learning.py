@@ -37,6 +37,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -252,6 +253,16 @@ def train(sft_model: str, run_dir: Path, params: dict[str, Any], *, config: Path
                    "seconds": round(m["time"] - first_step_at, 1), "trajectories": m.get("trajectories"),
                    "version_lag": m.get("version_lag/mean"), "step_s": m.get("time/step_s")} for m in metrics],
     }
+
+
+def repeat_summary(task: dict[str, Any]) -> dict[str, Any]:
+    """One task of an ``agentrl eval`` summary.json as the benchmarks report it: success as the mean
+    and standard deviation over the repeats (each repeat's success rate), with the episode counts."""
+    per_repeat = task.get("per_repeat_success") or [task["success_mean"]]
+    return {"success": statistics.fmean(per_repeat),
+            "spread": statistics.stdev(per_repeat) if len(per_repeat) > 1 else 0.0,
+            "per_repeat": per_repeat, "episodes": task["episodes"], "infra_failures": task["infra_failures"],
+            "turns_mean": task.get("turns_mean"), "statuses": task.get("statuses")}
 
 
 def success_of(evaluation: dict[str, Any]) -> float:

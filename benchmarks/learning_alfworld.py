@@ -61,6 +61,7 @@ from learning import (  # the learning benchmark's helpers
     ROOT,
     agentrl,
     machine,
+    repeat_summary,
     require_plotting,
     sets,
     train,
@@ -236,14 +237,7 @@ def evaluate(model: str, out: Path, params: dict[str, Any]) -> dict[str, Any]:
         by_type[types[episode["task"]][int(episode["index"])]].append(float(episode["reward"]))
         for key, value in turn_kinds(episode["messages"]).items():
             actions[key].append(float(value))
-    tasks = {}
-    for name, s in summary.items():
-        per_repeat = s.get("per_repeat_success") or [s["success_mean"]]
-        tasks[name] = {"success": statistics.fmean(per_repeat),
-                       "spread": statistics.stdev(per_repeat) if len(per_repeat) > 1 else 0.0,
-                       "per_repeat": per_repeat, "episodes": s["episodes"], "infra_failures": s["infra_failures"],
-                       "turns_mean": s.get("turns_mean"), "statuses": s.get("statuses")}
-    return {"tasks": tasks,
+    return {"tasks": {name: repeat_summary(s) for name, s in summary.items()},
             "by_type": {k: {"episodes": len(v), "success": sum(v) / len(v)} for k, v in sorted(by_type.items())},
             "per_episode_mean": {k: statistics.fmean(v) for k, v in sorted(actions.items())},
             "seconds": r["seconds"]}

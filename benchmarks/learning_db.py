@@ -62,6 +62,7 @@ from learning import (  # the learning benchmark's helpers
     agentrl,
     machine,
     read_metrics,
+    repeat_summary,
     require_plotting,
     sets,
     train,
@@ -499,14 +500,9 @@ def evaluate(model: str, out: Path, params: dict[str, Any], *, temperature: floa
     for episode in episodes:
         if episode["task"] == "dev" and episode["status"] != "task error":
             by_kind[kinds[str(episode["index"])]].append(float(episode["reward"]))
-    tasks = {}
-    for name, s in summary.items():
-        per_repeat = s.get("per_repeat_success") or [s["success_mean"]]
-        tasks[name] = {"success": statistics.fmean(per_repeat),
-                       "spread": statistics.stdev(per_repeat) if len(per_repeat) > 1 else 0.0,
-                       "per_repeat": per_repeat, "episodes": s["episodes"], "infra_failures": s["infra_failures"],
-                       "turns_mean": s.get("turns_mean"), "statuses": s.get("statuses"),
-                       "completed": (s.get("statuses") or {}).get("completed", 0) / max(s["episodes"], 1)}
+    tasks = {name: {**repeat_summary(s),
+                    "completed": (s.get("statuses") or {}).get("completed", 0) / max(s["episodes"], 1)}
+             for name, s in summary.items()}
     return {"tasks": tasks, "dev_by_type": {k: {"episodes": len(v), "success": sum(v) / len(v)}
                                             for k, v in sorted(by_kind.items())},
             "sql_tables": table_names(episodes, params), "seconds": r["seconds"]}
