@@ -146,7 +146,7 @@ def _install_everything(session: nox.Session) -> None:
 # so that none of them nor `integration` runs past the 8 minutes a session may take on CI's 2
 # cores (the learning ones take about 4.5 minutes of tests, the throughput sweep 2.5)
 LEARNING_SMOKE = ["tests/integration/test_learning_smoke.py", "tests/integration/test_learning_db_smoke.py",
-                  "tests/integration/test_learning_alfworld_smoke.py"]
+                  "tests/integration/test_learning_alfworld_smoke.py", "tests/integration/test_learning_webshop_smoke.py"]
 THROUGHPUT_SMOKE = ["tests/integration/test_throughput_sweep.py"]
 BENCHMARK_SMOKE = LEARNING_SMOKE + THROUGHPUT_SMOKE
 
@@ -170,7 +170,7 @@ def integration(session: nox.Session) -> None:
 
 @session
 def benchmark_smoke(session: nox.Session) -> None:
-    """The quick variants of the learning benchmarks (calc, db, alfworld): the plumbing, not the targets."""
+    """The quick variants of the learning benchmarks (calc, db, alfworld, webshop): the plumbing, not the targets."""
     _integration_env(session)
     _pytest(session, *LEARNING_SMOKE)
 

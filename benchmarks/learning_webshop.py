@@ -1,0 +1,361 @@
+"""WebShop learning benchmark (issue 31): does RL improve the tiny model at shopping?
+
+The learning benchmark's pipeline (``benchmarks/learning.py``) on the real WebShop environment
+(``agentrl-env-webshop``: the bundled 4,332-product catalog, BM25 search, WebShop's own reward),
+all through the ``agentrl`` command line on CPU:
+
+1. ``agentrl model init --size tiny`` (or ``--size``/``--model``);
+2. ``agentrl demos --env webshop --split bundled-train --error-rate 0.3``: the oracle's shopping
+   runs of the 2,916 training goals (search with the instruction's words, open the goal's
+   product, pick its options, buy); with probability 0.3 per step it opens another product,
+   picks a wrong option or buys early, and recovers or not;
+3. ``agentrl sft`` on the won runs only (``sft.min_reward: 1.0``, ~75 %: a recovered mistake is
+   shown, a purchase of the wrong thing is not);
+4. ``agentrl eval`` before RL, with repeats, on held-out **bundled-test** goals (products and
+   instructions never trained on) and on ``--seen-goals`` training goals;
+5. ``agentrl train`` (GRPO, async, hf engine, FSDP2 learner) on bundled-train for at most
+   ``--budget-s`` seconds, checkpointing a Hugging Face model every few steps;
+6. ``agentrl eval`` after RL, the same goals and repeats.
+
+Why WebShop: every word a call carries is in the page just read (the search copies the
+instruction's words, a click copies a lower-cased ASIN or option from the listed clickables),
+and the reward is dense: a purchase scores the share of the goal's attributes, options and
+price bound the bought product meets, so a policy that buys a near miss still gets a gradient
+toward the right one. Success is reward 1 (everything asked for), as in AgentBench.
+
+Target (issue 31): +15 points of held-out success within 30 minutes of CPU training. Success is
+reported as mean +- standard deviation over the repeats, with the mean reward, how episodes end,
+and the per-step training reward as the learning curve.
+
+    python benchmarks/learning_webshop.py                 # ~75 min on 2 cores (demos 1, SFT 16, RL 30, evals 2 x ~10)
+    python benchmarks/learning_webshop.py --sft-only      # the warm-up and its evaluation alone
+    python benchmarks/learning_webshop.py --quick         # a few minutes: the plumbing, no target
+    # RL from a given warm-up, sampling cooler than the config's 1.0:
+    python benchmarks/learning_webshop.py --sft-model M --rollout-temperature 0.6 --rl-lr 5e-4
+
+Writes ``benchmarks/results/learning_webshop.json`` (or ``learning_webshop_quick.json``) and a PNG
+beside it. The configuration is ``examples/learning/webshop.yaml``; this script sets paths, goal
+indices and sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from learning import (  # the learning benchmark's helpers
+    RESULTS,
+    ROOT,
+    agentrl,
+    machine,
+    repeat_summary,
+    require_plotting,
+    sets,
+    train,
+    write_result,
+)
+
+CONFIG = ROOT / "examples" / "learning" / "webshop.yaml"
+TRAIN_SPLIT = "bundled-train"
+
+FULL = {
+    "size": "tiny", "demo_limit": None, "error_rate": 0.3, "sft_epochs": 1, "sft_lr": None,
+    "eval_split": "bundled-test", "eval_limit": 200, "seen_goals": 100, "eval_repeats": 2, "eval_temperature": 0.3,
+    "train_limit": None, "total_steps": 300, "checkpoint_every": 5, "budget_s": 1800.0, "n_samples": 8,
+    "batch_size": 4, "overrides": {}, "train_overrides": {},
+}
+QUICK = {
+    "size": "tiny", "demo_limit": 16, "error_rate": 0.3, "sft_epochs": 1, "sft_lr": None,
+    "eval_split": "bundled-test", "eval_limit": 3, "seen_goals": 2, "eval_repeats": 2, "eval_temperature": 0.3,
+    "train_limit": 8, "total_steps": 2, "checkpoint_every": 1, "budget_s": 600.0, "n_samples": 2, "batch_size": 2,
+    # a model after 2 SFT steps writes until the token limit in every turn: keep episodes short
+    "overrides": {"rollout__max_turns": 3, "environments__webshop__max_rounds": 3}, "train_overrides": {},
+}
+TARGET_IMPROVEMENT = 0.15  # issue 31: +15 points held-out
+
+
+def training_goals() -> list[int]:
+    """The goal indices of bundled-train, in order (from the bundled catalog's manifest)."""
+    from agentrl_env_webshop.data import bundled_manifest
+
+    start, stop = bundled_manifest()[1]["splits"][TRAIN_SPLIT]
+    return list(range(start, stop))
+
+
+def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None) -> dict[str, Any]:
+    """Model init (unless given), demonstrations of the training goals, SFT on the won ones."""
+    timings: dict[str, float] = {}
+    if model is None:
+        model = work / "model"
+        timings["model_init_s"] = agentrl(["model", "init", "--out", str(model), "--size", params["size"],
+                                           "--seed", str(seed)], work / "logs" / "model_init.log")["seconds"]
+    demos = work / "demos.jsonl"
+    limit = ["--limit", str(params["demo_limit"])] if params["demo_limit"] else []
+    timings["demos_s"] = agentrl(["demos", "--env", "webshop", "--split", TRAIN_SPLIT, *limit, "--concurrency", "16",
+                                  "--error-rate", str(params["error_rate"]), "--seed", str(seed),
+                                  "--config", str(CONFIG), "--out", str(demos)], work / "logs" / "demos.log")["seconds"]
+    sft_model = work / "sft_model"
+    timings["sft_s"] = agentrl(["sft", str(CONFIG), *sets(model__path=str(model), run__output_dir=str(work / "sft"),
+                                                          sft__data=[str(demos)], sft__output_dir=str(sft_model),
+                                                          sft__epochs=params["sft_epochs"], run__seed=seed,
+                                                          **({"sft__lr": params["sft_lr"]} if params["sft_lr"] else {}))],
+                               work / "logs" / "sft.log")["seconds"]
+    return {"model": str(sft_model), **describe_sft(demos, work / "sft"), "timings": timings}
+
+
+def describe_sft(demos: Path, run_dir: Path) -> dict[str, Any]:
+    """What an SFT run trained on (demonstrations, the won ones, their mistakes) and how far its loss fell."""
+    records = [json.loads(line) for line in demos.read_text().splitlines() if line.strip()]
+    metrics = [json.loads(line) for line in (run_dir / "sft_metrics.jsonl").read_text().splitlines() if line.strip()]
+    won = [d for d in records if float(d["reward"]) >= 1.0]
+    return {"demos": len(records), "demos_trained": len(won),
+            "demo_success": len(won) / max(len(records), 1),
+            "demo_reward_mean": statistics.fmean(float(d["reward"]) for d in records) if records else None,
+            "trained_turns_mean": statistics.fmean(d["metrics"]["rounds"] for d in won) if won else None,
+            # won runs that opened another product first or paged: what recovering looks like
+            "trained_with_detour": sum(d["metrics"]["rounds"] > 3 for d in won),
+            "sft_steps": len(metrics),
+            "sft_final_nll": statistics.fmean(m["nll"] for m in metrics[-20:]) if metrics else None}
+
+
+def turn_kinds(messages: list[dict[str, Any]]) -> dict[str, int]:
+    """An episode's assistant turns by what they did: ``searches``, ``clicks``, ``no_call`` (no tool
+    call: the turn is lost); of the clicks, ``listed`` (exactly one of the clickables just shown) and
+    ``buy``; and ``invalid`` (answers starting "Invalid action")."""
+    kinds = {"turns": 0, "searches": 0, "clicks": 0, "no_call": 0, "listed": 0, "buy": 0, "invalid": 0}
+    clickables: list[str] = []
+    for m in messages:
+        content = str(m.get("content") or "")
+        if m.get("role") in ("user", "tool"):
+            if "'clickables': [" in content:
+                listed = content.rsplit("'clickables': [", 1)[1].split("]", 1)[0]
+                clickables = [c.strip().strip("'\"") for c in listed.split("', '")]
+            if m.get("role") == "tool" and content.startswith("Invalid action"):
+                kinds["invalid"] += 1
+        elif m.get("role") == "assistant":
+            kinds["turns"] += 1
+            call = next(iter(m.get("tool_calls") or []), None)
+            fn = (call or {}).get("function") or {}
+            try:
+                args = json.loads(fn.get("arguments") or "")
+            except (json.JSONDecodeError, TypeError):
+                args = None
+            if not isinstance(args, dict) or fn.get("name") not in ("search_action", "click_action"):
+                kinds["no_call"] += 1
+            elif fn["name"] == "search_action":
+                kinds["searches"] += 1
+            else:
+                kinds["clicks"] += 1
+                value = str(args.get("value", "")).strip().lower()
+                kinds["listed"] += value in clickables
+                kinds["buy"] += value == "buy now"
+    return kinds
+
+
+def eval_tasks(params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The held-out goals (bundled-test), and ``seen_goals`` training goals spread over bundled-train:
+    success on goals the warm-up showed separates what the model cannot do at all from what it
+    cannot carry to new products."""
+    task: dict[str, Any] = {"env": "webshop", "split": params["eval_split"], "name": params["eval_split"]}
+    if params["eval_limit"]:
+        task["limit"] = params["eval_limit"]
+    tasks = [task]
+    if params["seen_goals"]:
+        goals = training_goals()
+        step = max(len(goals) // params["seen_goals"], 1)
+        tasks.append({"env": "webshop", "split": TRAIN_SPLIT, "name": "train-seen",
+                      "indices": goals[::step][: params["seen_goals"]]})
+    return tasks
+
+
+def evaluate(model: str, out: Path, params: dict[str, Any]) -> dict[str, Any]:
+    """``agentrl eval`` on the held-out goals: success as mean and spread over the repeats, mean reward,
+    WebShop's reward parts, and what the turns of held-out episodes did."""
+    temperature = {} if params["eval_temperature"] is None else {"eval__temperature": params["eval_temperature"]}
+    r = agentrl(["eval", str(CONFIG), "--out", str(out), *sets(model__path=model, eval__tasks=eval_tasks(params),
+                                                                 eval__repeats=params["eval_repeats"],
+                                                                 **params["overrides"], **temperature)],
+                out.parent / "logs" / f"eval_{out.name}.log")
+    summary = json.loads((out / "summary.json").read_text())["models"]["default"]
+    kinds: dict[str, list[float]] = {}
+    for line in (out / "trajectories.jsonl").read_text().splitlines():
+        if not line.strip():
+            continue
+        episode = json.loads(line)
+        if episode["status"] != "task error" and episode["task"] == params["eval_split"]:
+            for key, value in turn_kinds(episode["messages"]).items():
+                kinds.setdefault(key, []).append(float(value))
+    parts = ("r_type", "r_att", "r_option", "r_price", "purchased_target", "invalid_turns", "searches")
+    return {"tasks": {name: {**repeat_summary(s), "reward_mean": s["reward_mean"],
+                             "reward_parts": {k: s["metrics_mean"][k] for k in parts if k in s["metrics_mean"]}}
+                      for name, s in summary.items()},
+            "per_episode_mean": {k: statistics.fmean(v) for k, v in sorted(kinds.items())},
+            "seconds": r["seconds"]}
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    curve = result["train"]["curve"]
+    minutes = [p["seconds"] / 60 for p in curve]
+    ax1.plot(minutes, [p["reward"] for p in curve], "-o", ms=3, color="tab:blue", label="reward (batch mean)")
+    ax1.plot(minutes, [p["success"] for p in curve], "-o", ms=3, color="tab:green", label="success (batch mean)")
+    ax1.set_xlabel("training time (minutes)")
+    ax1.set_ylim(-0.02, 1.02)
+    ax1.grid(alpha=0.3)
+    ax1.legend()
+    ax1.set_title("learning curve on bundled-train (metrics.jsonl)")
+    names = list(result["before"]["tasks"])
+    labels = [f"{n}\n{what}" for n in names for what in ("success", "reward")]
+    width = 0.38
+    for k, (label, ev, color) in enumerate([("after SFT", result["before"], "tab:gray"),
+                                            ("after RL", result["after"], "tab:blue")]):
+        ys = [v for n in names for v in (ev["tasks"][n]["success"], ev["tasks"][n]["reward_mean"])]
+        errs = [v for n in names for v in (ev["tasks"][n]["spread"], 0.0)]
+        xs = [i + (k - 0.5) * width for i in range(len(labels))]
+        ax2.bar(xs, ys, width, color=color, label=label, yerr=errs, capsize=3)
+    ax2.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax2.set_ylim(0, 1)
+    ax2.set_ylabel(f"mean over {result['params']['eval_repeats']} repeats")
+    ax2.legend()
+    ax2.set_title("held-out (bundled-test) and seen goals")
+    fig.suptitle(f"WebShop learning: {result['params']['size']} model, "
+                 f"{result['train']['train_loop_s'] / 60:.0f} min of RL on bundled-train")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def positive(name: str, value: float | None, *, at_least: float | None = None) -> float | None:
+    """``value`` of option ``name`` unless it is out of range (one sentence, then exit)."""
+    if value is not None and (value < at_least if at_least is not None else value <= 0):
+        raise SystemExit(f"{name} {value}: must be " + (f"at least {at_least:g}" if at_least is not None
+                                                          else "positive"))
+    return value
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: check the plumbing, not the target")
+    parser.add_argument("--work", default=None, help="work folder (default runs/learning_webshop_bench[_quick])")
+    parser.add_argument("--out", default=None,
+                        help="result JSON (default benchmarks/results/learning_webshop[_quick].json)")
+    parser.add_argument("--budget-s", type=float, default=None, help="training time budget (default 1800)")
+    parser.add_argument("--size", default=None, help="agentrl model init size (default tiny)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, help="start from this `agentrl model init` model (default: build one)")
+    parser.add_argument("--sft-model", default=None,
+                        help="skip model init, demonstrations and SFT: start RL from this SFT model")
+    parser.add_argument("--sft-run", nargs=2, metavar=("DEMOS", "RUN_DIR"), default=None,
+                        help="with --sft-model: the demonstrations it was trained on and its SFT run folder "
+                             "(sft_metrics.jsonl), described in the result")
+    parser.add_argument("--error-rate", type=float, default=None,
+                        help="probability of a mistake per demonstrated step (default 0.3)")
+    parser.add_argument("--sft-epochs", type=int, default=None, help="SFT epochs over the won demonstrations (default 1)")
+    parser.add_argument("--sft-lr", type=float, default=None,
+                        help="SFT learning rate (default: the config's sft.lr, 3e-3, tuned on tiny)")
+    parser.add_argument("--eval-limit", type=int, default=None, help="held-out goals evaluated (default 200 of 500)")
+    parser.add_argument("--seen-goals", type=int, default=None,
+                        help="training goals evaluated beside the held-out ones (default 100; 0: none)")
+    parser.add_argument("--eval-repeats", type=int, default=None, help="times each goal is played (default 2)")
+    parser.add_argument("--eval-temperature", type=float, default=None,
+                        help="sampling temperature of the evaluations (default 0.3; 0 is greedy)")
+    parser.add_argument("--rollout-temperature", type=float, default=None,
+                        help="sampling temperature of RL's rollouts (default: the config's, 1.0)")
+    parser.add_argument("--rl-lr", type=float, default=None, help="RL learning rate (default: the config's optim.lr)")
+    parser.add_argument("--sft-only", action="store_true", help="stop after evaluating the SFT model")
+    args = parser.parse_args()
+    require_plotting()
+    params = dict(QUICK if args.quick else FULL)
+    params["train_overrides"] = dict(params["train_overrides"])
+    if args.error_rate is not None and not 0.0 <= args.error_rate < 1.0:
+        raise SystemExit(f"--error-rate {args.error_rate}: must be at least 0 and below 1")
+    for key, value in (("budget_s", positive("--budget-s", args.budget_s)), ("size", args.size),
+                       ("error_rate", args.error_rate),
+                       ("sft_epochs", positive("--sft-epochs", args.sft_epochs, at_least=1)),
+                       ("sft_lr", positive("--sft-lr", args.sft_lr)),
+                       ("eval_limit", positive("--eval-limit", args.eval_limit, at_least=1)),
+                       ("seen_goals", positive("--seen-goals", args.seen_goals, at_least=0)),
+                       ("eval_repeats", positive("--eval-repeats", args.eval_repeats, at_least=1)),
+                       ("eval_temperature", positive("--eval-temperature", args.eval_temperature, at_least=0))):
+        if value is not None:
+            params[key] = value
+    if positive("--rollout-temperature", args.rollout_temperature) is not None:
+        params["train_overrides"]["rollout__temperature"] = args.rollout_temperature
+    if positive("--rl-lr", args.rl_lr) is not None:
+        params["train_overrides"]["optim__lr"] = args.rl_lr
+    if args.sft_model and not (Path(args.sft_model) / "config.json").is_file():
+        raise SystemExit(f"--sft-model {args.sft_model}: not a model folder (no config.json)")
+    work = Path(args.work) if args.work else ROOT / "runs" / (
+        "learning_webshop_bench_quick" if args.quick else "learning_webshop_bench")
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) if args.out else RESULTS / (
+        "learning_webshop_quick.json" if args.quick else "learning_webshop.json")
+    load_before = os.getloadavg()
+    started = time.monotonic()
+
+    if args.sft_model:
+        prepared: dict[str, Any] = {"model": args.sft_model, "given": args.sft_model}
+        if args.sft_run:  # the given model's SFT run, for the record
+            demos, run_dir = args.sft_run
+            prepared.update(describe_sft(Path(demos), Path(run_dir)))
+    else:
+        prepared = prepare(work, params, seed=args.seed, model=Path(args.model) if args.model else None)
+        print(f"SFT model ready: {prepared['demos']} demonstrations ({prepared['demos_trained']} won and trained on, "
+              f"{prepared['trained_turns_mean']:.1f} turns on average), {prepared['sft_steps']} SFT steps, "
+              f"nll of the last 20 steps {prepared['sft_final_nll']:.3f}", flush=True)
+
+    def report(ev: dict[str, Any]) -> str:
+        return ", ".join(f"{n} success {t['success']:.3f} ± {t['spread']:.3f} (reward {t['reward_mean']:.3f})"
+                         for n, t in ev["tasks"].items())
+
+    before = evaluate(prepared["model"], work / "eval_sft", params)
+    print(f"after SFT: {report(before)}", flush=True)
+    common = {"params": {**params, "seed": args.seed, "config": str(CONFIG.relative_to(ROOT)),
+                         "eval_tasks": eval_tasks(params)},
+              "sft": {k: v for k, v in prepared.items() if k != "model"}, "before": before}
+    if args.sft_only:
+        out = out.with_name(out.stem + "_sft.json") if not args.out else out
+        result = {"benchmark": "learning_webshop", "sft_only": True, "quick": args.quick, **common,
+                  "machine": machine(load_before), "wall_s": round(time.monotonic() - started, 1)}
+        print(f"\nwrote {write_result(result, out)} (--sft-only: no RL)")
+        return 0
+
+    train_task: dict[str, Any] = {"env": "webshop", "split": TRAIN_SPLIT, "name": "train"}
+    if params["train_limit"]:
+        train_task["limit"] = params["train_limit"]
+    run = train(prepared["model"], work / "grpo", params, config=CONFIG,
+                extra={**params["overrides"], **params["train_overrides"], "run__seed": args.seed,
+                       "tasks": [train_task]})
+    after = evaluate(run["model"], work / "eval_grpo", params)
+    print(f"after RL: {report(after)}", flush=True)
+    change = {n: after["tasks"][n]["success"] - before["tasks"][n]["success"] for n in before["tasks"]}
+    print(f"RL: {run['steps']} steps in {run['train_command_s']:.0f} s"
+          f"{' (interrupted at the budget)' if run['interrupted'] else ''}; "
+          + ", ".join(f"{n} {before['tasks'][n]['success']:.3f} -> {after['tasks'][n]['success']:.3f} ({change[n]:+.3f})"
+                      for n in change), flush=True)
+    checks = {f"{params['eval_split']}_improves_15pp": change[params["eval_split"]] >= TARGET_IMPROVEMENT,
+              "within_30_min": run["train_command_s"] <= 1800 + 150}
+    result = {"benchmark": "learning_webshop", "quick": args.quick, **common,
+              "params": {**common["params"], "targets": {"improvement_at_least": TARGET_IMPROVEMENT}},
+              "train": run, "after": after, "change": change, "checks": checks,
+              "passed": all(checks.values()) if not args.quick else None,
+              "machine": machine(load_before), "wall_s": round(time.monotonic() - started, 1)}
+    print(f"\nwrote {write_result(result, out, plot)}; checks: {checks}"
+          f"{' (quick: not the target)' if args.quick else ''}; load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}")
+    return 0 if args.quick or result["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
