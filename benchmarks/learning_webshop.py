@@ -41,6 +41,8 @@ indices and sizes.
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import json
 import os
 import statistics
@@ -134,9 +136,9 @@ def turn_kinds(messages: list[dict[str, Any]]) -> dict[str, int]:
     for m in messages:
         content = str(m.get("content") or "")
         if m.get("role") in ("user", "tool"):
-            if "'clickables': [" in content:
-                listed = content.rsplit("'clickables': [", 1)[1].split("]", 1)[0]
-                clickables = [c.strip().strip("'\"") for c in listed.split("', '")]
+            if "Available Actions:\n{" in content:  # a Python dict literal, as AgentBench prints it
+                with contextlib.suppress(ValueError, SyntaxError):
+                    clickables = list(ast.literal_eval(content.rsplit("Available Actions:\n", 1)[1]).get("clickables", []))
             if m.get("role") == "tool" and content.startswith("Invalid action"):
                 kinds["invalid"] += 1
         elif m.get("role") == "assistant":
