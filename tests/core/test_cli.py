@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from agentrl_core import __version__
 
 
@@ -161,6 +163,33 @@ def test_missing_model_path_is_one_sentence_naming_the_path(tmp_path):
         assert "Traceback" not in out.stderr
         line = out.stderr.strip().splitlines()[-1]
         assert line.startswith("agentrl: error: ") and f"'{missing}' does not exist" in line, (command, line)
+
+
+def test_eval_models_given_by_urls_need_model_path_as_their_tokenizer(tmp_path):
+    config = tmp_path / "eval.yaml"
+    missing = tmp_path / "no_such_model"
+    config.write_text(f"model:\n  path: {missing}\ntasks: []\n"
+                      "eval:\n  models:\n    a: {urls: ['http://127.0.0.1:9']}\n")
+    out = agentrl("eval", str(config))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith(f"agentrl: error: model.path '{missing}' does not exist")
+
+
+def test_evaluated_models_tokenize_with_their_own_folder_not_a_default_model_path(tmp_path):
+    from agentrl_core.config import load_config
+    from agentrl_core.errors import ConfigError
+    from agentrl_core.jobs.evaluation import tokenizer_source
+
+    # a training config's model.path that does not exist (yet): the evaluated models' own folder is used
+    base = ["model.path=runs/not_trained_yet/sft_model", "tasks=[]"]
+    models = 'eval.models={"rl": {"path": "/m/rl"}, "warmup": {"path": "/m/warmup"}, "served": {"urls": ["http://h:1"]}}'
+    assert tokenizer_source(load_config(None, [*base, models], validate_plugins=False)) == ("/m/rl", "eval.models.rl.path")
+    assert tokenizer_source(load_config(None, base, validate_plugins=False)) == (
+        "runs/not_trained_yet/sft_model", "model.path")
+    urls_only = load_config(None, ["tasks=[]", 'eval.models={"served": {"urls": ["http://h:1"]}}'],
+                            validate_plugins=False)
+    with pytest.raises(ConfigError, match="set model.path to the tokenizer's directory"):
+        tokenizer_source(urls_only)
 
 
 def test_model_folder_without_config_json_is_named(tmp_path):

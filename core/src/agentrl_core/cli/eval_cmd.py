@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
     from agentrl_core.config import load_config
     from agentrl_core.errors import ConfigError
-    from agentrl_core.jobs.evaluation import Evaluation
+    from agentrl_core.jobs.evaluation import Evaluation, tokenizer_source
     from agentrl_core.modelpath import check_model_path
     from agentrl_core.registry import Registry
 
@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         for name, model in config.eval.models.items():
             if model.path and not model.urls:
                 check_model_path(model.path, key=f"eval.models.{name}.path")
+        path, key = tokenizer_source(config)  # models given by urls: the tokenizer is model.path's
+        check_model_path(path, key=key)
     Evaluation(config, registry=registry, out_dir=out, openai=openai).run()
     return 0
 

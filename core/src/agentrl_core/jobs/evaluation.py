@@ -40,6 +40,21 @@ def engine_device_groups(device: str, parts: int) -> list[list[int]]:
     return split_devices(available_devices(resolve_device_kind(device)), parts)
 
 
+def tokenizer_source(config: Config) -> tuple[str, str]:
+    """The folder whose tokenizer encodes the episodes of every evaluated model, and its config key.
+
+    With ``eval.models`` that have paths, the first of them by name (a model's own folder: the
+    config's ``model.path`` may be a training default that does not exist); otherwise
+    ``model.path``, which must be set when every model is given by urls.
+    """
+    named = sorted((name, m.path) for name, m in config.eval.models.items() if m.path)
+    if named:
+        return named[0][1], f"eval.models.{named[0][0]}.path"
+    if not config.model.path:
+        raise ConfigError("set model.path to the tokenizer's directory when every model is given by urls")
+    return config.model.path, "model.path"
+
+
 class Evaluation:
     def __init__(self, config: Config, *, registry: Registry | None = None, out_dir: str | Path,
                  openai: dict[str, Any] | None = None, echo: Any = print) -> None:
@@ -155,10 +170,7 @@ class Evaluation:
         from agentrl_core.rollout.engine_client import EnginePool
         from agentrl_core.rollout.tokenizer import load_tokenizer
 
-        tokenizer_path = self.config.model.path or next((m.path for m in self.models.values() if m.path), None)
-        if not tokenizer_path:
-            raise ConfigError("set model.path to the tokenizer's directory when every model is given by urls")
-        tokenizer = load_tokenizer(tokenizer_path, self.config.model)
+        tokenizer = load_tokenizer(tokenizer_source(self.config)[0], self.config.model)
         self._pools = {name: EnginePool(name, urls) for name, urls in engine_urls.items()}
         return make_token_players(self.config, registry=self.registry, tokenizer=tokenizer, env_client=client,
                                   pools=self._pools, mode=self.config.eval.mode)
