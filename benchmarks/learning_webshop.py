@@ -17,6 +17,12 @@ all through the ``agentrl`` command line on CPU:
    ``--budget-s`` seconds, checkpointing a Hugging Face model every few steps;
 6. ``agentrl eval`` after RL, the same goals and repeats.
 
+For scale, two scripted shoppers play the same held-out goals (``scripted_shoppers``): search the
+instruction's keywords and buy the first result, or the goal's own product when it is on the
+first page; neither picks options. On the bundled catalog the first result is usually right, so
+most of what a model must learn here is the procedure (copy the keywords, open a listed product,
+buy), not judging products.
+
 Why WebShop: every word a call carries is in the page just read (the search copies the
 instruction's words, a click copies a lower-cased ASIN or option from the listed clickables),
 and the reward is dense: a purchase scores the share of the goal's attributes, options and
@@ -91,6 +97,34 @@ def training_goals() -> list[int]:
     return list(range(start, stop))
 
 
+def scripted_shoppers(split: str, limit: int | None) -> dict[str, dict[str, float]]:
+    """Two scripted shoppers on the first ``limit`` goals of ``split``, for scale: both search the
+    instruction's keywords as the oracle does; ``first_result`` opens the first result and buys it,
+    ``goal_product`` opens the goal's own product when it is on the first results page (else the
+    first) and buys it; neither picks options. What a model that copies the procedure without
+    judging products would score, and what judging products adds without options."""
+    from agentrl_env_webshop.config import WebShopConfig
+    from agentrl_env_webshop.env import WebShopEnvironment
+    from agentrl_env_webshop.oracle import instruction_keywords
+    from agentrl_env_webshop.site import Site
+
+    env = WebShopEnvironment(WebShopConfig(index_cache_dir=""))
+    shop = env.shop
+    shop.index()
+    rewards: dict[str, list[float]] = {"first_result": [], "goal_product": []}
+    for index in list(env.index_sets()[split])[:limit]:
+        goal = env.goal(split, index)
+        for name, found in rewards.items():
+            site = Site(goal, shop.by_asin, shop.prices, shop.search, nouns=shop.nouns)
+            site.search(instruction_keywords(goal["instruction_text"]))
+            first_page = site.results[:10]
+            asin = goal["asin"] if name == "goal_product" and goal["asin"] in first_page else first_page[0]
+            site.click(asin.lower())
+            found.append(site.click("buy now").reward)
+    return {name: {"episodes": len(r), "success": sum(x >= 1.0 for x in r) / len(r), "reward_mean": statistics.fmean(r)}
+            for name, r in rewards.items()}
+
+
 def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None) -> dict[str, Any]:
     """Model init (unless given), demonstrations of the training goals, SFT on the won ones."""
     timings: dict[str, float] = {}
@@ -129,17 +163,23 @@ def describe_sft(demos: Path, run_dir: Path) -> dict[str, Any]:
 
 def turn_kinds(messages: list[dict[str, Any]]) -> dict[str, int]:
     """An episode's assistant turns by what they did: ``searches``, ``clicks``, ``no_call`` (no tool
-    call: the turn is lost); of the clicks, ``listed`` (exactly one of the clickables just shown) and
-    ``buy``; and ``invalid`` (answers starting "Invalid action")."""
-    kinds = {"turns": 0, "searches": 0, "clicks": 0, "no_call": 0, "listed": 0, "buy": 0, "invalid": 0}
+    call: the turn is lost); of the searches' words, ``search_words`` and ``copied_words`` (those
+    in the instruction); of the clicks, ``listed`` (exactly one of the clickables just shown) and
+    ``buy``; and ``invalid`` (actions the shop refused: "Invalid action: ...")."""
+    kinds = {"turns": 0, "searches": 0, "search_words": 0, "copied_words": 0, "clicks": 0, "no_call": 0,
+             "listed": 0, "buy": 0, "invalid": 0}
     clickables: list[str] = []
+    instruction: set[str] = set()
     for m in messages:
         content = str(m.get("content") or "")
+        if m.get("role") == "user" and "Instruction: [SEP] " in content:
+            instruction = set(content.split("Instruction: [SEP] ", 1)[1].split(" [SEP] ", 1)[0].lower()
+                              .replace(",", " ").split())
         if m.get("role") in ("user", "tool"):
             if "Available Actions:\n{" in content:  # a Python dict literal, as AgentBench prints it
                 with contextlib.suppress(ValueError, SyntaxError):
                     clickables = list(ast.literal_eval(content.rsplit("Available Actions:\n", 1)[1]).get("clickables", []))
-            if m.get("role") == "tool" and content.startswith("Invalid action"):
+            if m.get("role") == "tool" and "Observation:\nInvalid action: " in content:
                 kinds["invalid"] += 1
         elif m.get("role") == "assistant":
             kinds["turns"] += 1
@@ -153,6 +193,9 @@ def turn_kinds(messages: list[dict[str, Any]]) -> dict[str, int]:
                 kinds["no_call"] += 1
             elif fn["name"] == "search_action":
                 kinds["searches"] += 1
+                words = str(args.get("keywords", "")).lower().split()
+                kinds["search_words"] += len(words)
+                kinds["copied_words"] += sum(word in instruction for word in words)
             else:
                 kinds["clicks"] += 1
                 value = str(args.get("value", "")).strip().lower()
@@ -227,6 +270,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         errs = [v for n in names for v in (ev["tasks"][n]["spread"], 0.0)]
         xs = [i + (k - 0.5) * width for i in range(len(labels))]
         ax2.bar(xs, ys, width, color=color, label=label, yerr=errs, capsize=3)
+    first = result["scripted"]["first_result"]["success"]
+    ax2.hlines(first, -0.5, 0.5, colors="black", linestyles="dashed", label="scripted: buy the first result")
     ax2.set_xticks(range(len(labels)), labels, fontsize=8)
     ax2.set_ylim(0, 1)
     ax2.set_ylabel(f"mean over {result['params']['eval_repeats']} repeats")
@@ -318,6 +363,10 @@ def main() -> int:
               f"{prepared['trained_turns_mean']:.1f} turns on average), {prepared['sft_steps']} SFT steps, "
               f"nll of the last 20 steps {prepared['sft_final_nll']:.3f}", flush=True)
 
+    scripted = scripted_shoppers(params["eval_split"], params["eval_limit"])
+    print("scripted shoppers on the held-out goals: " + ", ".join(
+        f"{name} success {v['success']:.3f} (reward {v['reward_mean']:.3f})" for name, v in scripted.items()), flush=True)
+
     def report(ev: dict[str, Any]) -> str:
         return ", ".join(f"{n} success {t['success']:.3f} ± {t['spread']:.3f} (reward {t['reward_mean']:.3f})"
                          for n, t in ev["tasks"].items())
@@ -326,7 +375,7 @@ def main() -> int:
     print(f"after SFT: {report(before)}", flush=True)
     common = {"params": {**params, "seed": args.seed, "config": str(CONFIG.relative_to(ROOT)),
                          "eval_tasks": eval_tasks(params)},
-              "sft": {k: v for k, v in prepared.items() if k != "model"}, "before": before}
+              "sft": {k: v for k, v in prepared.items() if k != "model"}, "scripted": scripted, "before": before}
     if args.sft_only:
         out = out.with_name(out.stem + "_sft.json") if not args.out else out
         result = {"benchmark": "learning_webshop", "sft_only": True, "quick": args.quick, **common,

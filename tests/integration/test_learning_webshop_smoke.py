@@ -47,6 +47,11 @@ def test_quick_webshop_learning_benchmark_runs_every_stage(tmp_path, tiny_model_
         tmp_path / "work" / "logs" / "sft.log").read_text()
     assert sft["sft_steps"] >= 1 and sft["sft_final_nll"] > 0 and sft["trained_turns_mean"] >= 3
 
+    scripted = result["scripted"]  # two scripted shoppers on the same held-out goals, for scale
+    assert set(scripted) == {"first_result", "goal_product"}
+    assert all(v["episodes"] == params["eval_limit"] and 0.0 <= v["success"] <= v["reward_mean"] <= 1.0
+               for v in scripted.values())
+
     for ev in (result["before"], result["after"]):
         test = ev["tasks"]["bundled-test"]
         assert len(test["per_repeat"]) == params["eval_repeats"]
