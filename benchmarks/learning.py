@@ -288,6 +288,59 @@ def write_result(result: dict[str, Any], out: Path, plot: Callable[[dict[str, An
     return f"{out} and {out.with_suffix('.png')}"
 
 
+def warmup_then_rl(benchmark: str, args: Any, params: dict[str, Any], *, work: Path, out: Path, config: Path,
+                   train_task: dict[str, Any], prepare: Callable[[], dict[str, Any]],
+                   describe_sft: Callable[[Path, Path], dict[str, Any]],
+                   evaluate: Callable[[str, Path, dict[str, Any]], dict[str, Any]],
+                   report: Callable[[dict[str, Any]], str], plot: Callable[[dict[str, Any], Path], None],
+                   recorded: dict[str, Any] | None = None, target: float = 0.15) -> int:
+    """The rest of an environment's learning benchmark (issue 31) once its options are read: the warm-up
+    (``--sft-model``, described from ``--sft-run``, or ``prepare()``), its evaluation, and unless
+    ``--sft-only`` RL within the budget on ``train_task``, the same evaluation after it, the checks
+    (``target`` points of held-out success on ``params["eval_split"]``, 30 minutes) and the result file.
+    ``recorded``: more entries for the result (e.g. reference scores). Returns the exit status."""
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    if args.sft_model:
+        prepared: dict[str, Any] = {"model": args.sft_model, "given": args.sft_model}
+        if args.sft_run:  # the given model's SFT run, for the record
+            demos, run_dir = args.sft_run
+            prepared.update(describe_sft(Path(demos), Path(run_dir)))
+    else:
+        prepared = prepare()
+    before = evaluate(prepared["model"], work / "eval_sft", params)
+    print(f"after SFT: {report(before)}", flush=True)
+    common = {"params": {**params, "seed": args.seed, "config": str(config.relative_to(ROOT))},
+              "sft": {k: v for k, v in prepared.items() if k != "model"}, **(recorded or {}), "before": before}
+    if args.sft_only:
+        out = out.with_name(out.stem + "_sft.json") if not args.out else out
+        result = {"benchmark": benchmark, "sft_only": True, "quick": args.quick, **common,
+                  "machine": machine(load_before), "wall_s": round(time.monotonic() - started, 1)}
+        print(f"\nwrote {write_result(result, out)} (--sft-only: no RL)")
+        return 0
+
+    run = train(prepared["model"], work / "grpo", params, config=config,
+                extra={**params["overrides"], **params["train_overrides"], "run__seed": args.seed,
+                       "tasks": [train_task]})
+    after = evaluate(run["model"], work / "eval_grpo", params)
+    print(f"after RL: {report(after)}", flush=True)
+    change = {n: after["tasks"][n]["success"] - before["tasks"][n]["success"] for n in before["tasks"]}
+    print(f"RL: {run['steps']} steps in {run['train_command_s']:.0f} s"
+          f"{' (interrupted at the budget)' if run['interrupted'] else ''}; "
+          + ", ".join(f"{n} {before['tasks'][n]['success']:.3f} -> {after['tasks'][n]['success']:.3f} ({change[n]:+.3f})"
+                      for n in change), flush=True)
+    checks = {f"{params['eval_split']}_improves_15pp": change[params["eval_split"]] >= target,
+              "within_30_min": run["train_command_s"] <= 1800 + 150}
+    result = {"benchmark": benchmark, "quick": args.quick, **common,
+              "params": {**common["params"], "targets": {"improvement_at_least": target}},
+              "train": run, "after": after, "change": change, "checks": checks,
+              "passed": all(checks.values()) if not args.quick else None,
+              "machine": machine(load_before), "wall_s": round(time.monotonic() - started, 1)}
+    print(f"\nwrote {write_result(result, out, plot)}; checks: {checks}"
+          f"{' (quick: not the target)' if args.quick else ''}; load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}")
+    return 0 if args.quick or result["passed"] else 1
+
+
 def require_plotting() -> None:
     """Fail at the start, not after the runs, when the PNG cannot be drawn."""
     try:

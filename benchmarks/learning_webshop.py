@@ -50,10 +50,8 @@ import argparse
 import ast
 import contextlib
 import json
-import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +60,10 @@ from learning import (  # the learning benchmark's helpers
     RESULTS,
     ROOT,
     agentrl,
-    machine,
     repeat_summary,
     require_plotting,
     sets,
-    train,
-    write_result,
+    warmup_then_rl,
 )
 
 CONFIG = ROOT / "examples" / "learning" / "webshop.yaml"
@@ -143,7 +139,11 @@ def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None
                                                           sft__epochs=params["sft_epochs"], run__seed=seed,
                                                           **({"sft__lr": params["sft_lr"]} if params["sft_lr"] else {}))],
                                work / "logs" / "sft.log")["seconds"]
-    return {"model": str(sft_model), **describe_sft(demos, work / "sft"), "timings": timings}
+    prepared = {"model": str(sft_model), **describe_sft(demos, work / "sft"), "timings": timings}
+    print(f"SFT model ready: {prepared['demos']} demonstrations ({prepared['demos_trained']} won and trained on, "
+          f"{prepared['trained_turns_mean']:.1f} turns on average), {prepared['sft_steps']} SFT steps, "
+          f"nll of the last 20 steps {prepared['sft_final_nll']:.3f}", flush=True)
+    return prepared
 
 
 def describe_sft(demos: Path, run_dir: Path) -> dict[str, Any]:
@@ -349,20 +349,6 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else RESULTS / (
         "learning_webshop_quick.json" if args.quick else "learning_webshop.json")
-    load_before = os.getloadavg()
-    started = time.monotonic()
-
-    if args.sft_model:
-        prepared: dict[str, Any] = {"model": args.sft_model, "given": args.sft_model}
-        if args.sft_run:  # the given model's SFT run, for the record
-            demos, run_dir = args.sft_run
-            prepared.update(describe_sft(Path(demos), Path(run_dir)))
-    else:
-        prepared = prepare(work, params, seed=args.seed, model=Path(args.model) if args.model else None)
-        print(f"SFT model ready: {prepared['demos']} demonstrations ({prepared['demos_trained']} won and trained on, "
-              f"{prepared['trained_turns_mean']:.1f} turns on average), {prepared['sft_steps']} SFT steps, "
-              f"nll of the last 20 steps {prepared['sft_final_nll']:.3f}", flush=True)
-
     scripted = scripted_shoppers(params["eval_split"], params["eval_limit"])
     print("scripted shoppers on the held-out goals: " + ", ".join(
         f"{name} success {v['success']:.3f} (reward {v['reward_mean']:.3f})" for name, v in scripted.items()), flush=True)
@@ -371,42 +357,15 @@ def main() -> int:
         return ", ".join(f"{n} success {t['success']:.3f} ± {t['spread']:.3f} (reward {t['reward_mean']:.3f})"
                          for n, t in ev["tasks"].items())
 
-    before = evaluate(prepared["model"], work / "eval_sft", params)
-    print(f"after SFT: {report(before)}", flush=True)
-    common = {"params": {**params, "seed": args.seed, "config": str(CONFIG.relative_to(ROOT)),
-                         "eval_tasks": eval_tasks(params)},
-              "sft": {k: v for k, v in prepared.items() if k != "model"}, "scripted": scripted, "before": before}
-    if args.sft_only:
-        out = out.with_name(out.stem + "_sft.json") if not args.out else out
-        result = {"benchmark": "learning_webshop", "sft_only": True, "quick": args.quick, **common,
-                  "machine": machine(load_before), "wall_s": round(time.monotonic() - started, 1)}
-        print(f"\nwrote {write_result(result, out)} (--sft-only: no RL)")
-        return 0
-
     train_task: dict[str, Any] = {"env": "webshop", "split": TRAIN_SPLIT, "name": "train"}
     if params["train_limit"]:
         train_task["limit"] = params["train_limit"]
-    run = train(prepared["model"], work / "grpo", params, config=CONFIG,
-                extra={**params["overrides"], **params["train_overrides"], "run__seed": args.seed,
-                       "tasks": [train_task]})
-    after = evaluate(run["model"], work / "eval_grpo", params)
-    print(f"after RL: {report(after)}", flush=True)
-    change = {n: after["tasks"][n]["success"] - before["tasks"][n]["success"] for n in before["tasks"]}
-    print(f"RL: {run['steps']} steps in {run['train_command_s']:.0f} s"
-          f"{' (interrupted at the budget)' if run['interrupted'] else ''}; "
-          + ", ".join(f"{n} {before['tasks'][n]['success']:.3f} -> {after['tasks'][n]['success']:.3f} ({change[n]:+.3f})"
-                      for n in change), flush=True)
-    checks = {f"{params['eval_split']}_improves_15pp": change[params["eval_split"]] >= TARGET_IMPROVEMENT,
-              "within_30_min": run["train_command_s"] <= 1800 + 150}
-    result = {"benchmark": "learning_webshop", "quick": args.quick, **common,
-              "params": {**common["params"], "targets": {"improvement_at_least": TARGET_IMPROVEMENT}},
-              "train": run, "after": after, "change": change, "checks": checks,
-              "passed": all(checks.values()) if not args.quick else None,
-              "machine": machine(load_before), "wall_s": round(time.monotonic() - started, 1)}
-    print(f"\nwrote {write_result(result, out, plot)}; checks: {checks}"
-          f"{' (quick: not the target)' if args.quick else ''}; load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}")
-    return 0 if args.quick or result["passed"] else 1
-
+    params["eval_tasks"] = eval_tasks(params)
+    return warmup_then_rl("learning_webshop", args, params, work=work, out=out, config=CONFIG, train_task=train_task,
+                          prepare=lambda: prepare(work, params, seed=args.seed,
+                                                  model=Path(args.model) if args.model else None),
+                          describe_sft=describe_sft, evaluate=evaluate, report=report, plot=plot,
+                          recorded={"scripted": scripted}, target=TARGET_IMPROVEMENT)
 
 if __name__ == "__main__":
     sys.exit(main())
