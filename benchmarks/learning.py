@@ -288,6 +288,99 @@ def write_result(result: dict[str, Any], out: Path, plot: Callable[[dict[str, An
     return f"{out} and {out.with_suffix('.png')}"
 
 
+def warm_up(work: Path, params: dict[str, Any], *, seed: int, model: Path | None, config: Path, demos: list[str],
+            describe_sft: Callable[[Path, Path], dict[str, Any]]) -> dict[str, Any]:
+    """An environment's warm-up (issue 31): ``agentrl model init`` unless ``model`` is given, ``agentrl demos``
+    with the arguments ``demos`` (``--env``, ``--split``, ``--indices``, ...; ``--limit``, ``--error-rate``,
+    ``--seed``, ``--config`` and ``--out`` are added from ``params``), then ``agentrl sft`` with ``config``
+    on the won ones (``sft.min_reward: 1.0``); the result is ``describe_sft(demos, sft run folder)`` with the
+    SFT model's path and the timings."""
+    timings: dict[str, float] = {}
+    if model is None:
+        model = work / "model"
+        timings["model_init_s"] = agentrl(["model", "init", "--out", str(model), "--size", params["size"],
+                                           "--seed", str(seed)], work / "logs" / "model_init.log")["seconds"]
+    out = work / "demos.jsonl"
+    limit = ["--limit", str(params["demo_limit"])] if params["demo_limit"] else []
+    timings["demos_s"] = agentrl(["demos", *demos, *limit, "--error-rate", str(params["error_rate"]), "--seed", str(seed),
+                                  "--config", str(config), "--out", str(out)], work / "logs" / "demos.log")["seconds"]
+    sft_model = work / "sft_model"
+    lr = {"sft__lr": params["sft_lr"]} if params["sft_lr"] else {}
+    timings["sft_s"] = agentrl(["sft", str(config), *sets(model__path=str(model), run__output_dir=str(work / "sft"),
+                                                          sft__data=[str(out)], sft__output_dir=str(sft_model),
+                                                          sft__epochs=params["sft_epochs"], run__seed=seed,
+                                                          sft__min_reward=1.0, **lr)],
+                               work / "logs" / "sft.log")["seconds"]
+    prepared = {"model": str(sft_model), **describe_sft(out, work / "sft"), "timings": timings}
+    print(f"SFT model ready: {prepared['demos']} demonstrations ({prepared['demos_trained']} won and trained on), "
+          f"{prepared['sft_steps']} SFT steps, nll of the last 20 steps {prepared['sft_final_nll']:.3f}", flush=True)
+    return prepared
+
+
+def add_warmup_rl_arguments(parser: argparse.ArgumentParser, name: str, *, eval_temperature: str) -> None:
+    """The options every environment's learning benchmark (issue 31) shares: where results go, the
+    model and its warm-up, the evaluations' sampling and RL's settings. ``name``: the benchmark's
+    file stem (``learning_webshop``); ``eval_temperature``: the default the help text names."""
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: check the plumbing, not the target")
+    parser.add_argument("--work", default=None, help=f"work folder (default runs/{name}_bench[_quick])")
+    parser.add_argument("--out", default=None, help=f"result JSON (default benchmarks/results/{name}[_quick].json)")
+    parser.add_argument("--budget-s", type=float, default=None, help="training time budget (default 1800)")
+    parser.add_argument("--size", default=None, help="agentrl model init size (default tiny)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, help="start from this `agentrl model init` model (default: build one)")
+    parser.add_argument("--sft-model", default=None,
+                        help="skip model init, demonstrations and SFT: start RL from this SFT model")
+    parser.add_argument("--sft-run", nargs=2, metavar=("DEMOS", "RUN_DIR"), default=None,
+                        help="with --sft-model: the demonstrations it was trained on and its SFT run folder "
+                             "(sft_metrics.jsonl), described in the result")
+    parser.add_argument("--error-rate", type=float, default=None,
+                        help="probability of a deliberate mistake or detour per demonstrated step (default 0.3)")
+    parser.add_argument("--sft-epochs", type=int, default=None, help="SFT epochs over the demonstrations (default 1)")
+    parser.add_argument("--sft-lr", type=float, default=None,
+                        help="SFT learning rate (default: the config's sft.lr, 3e-3, tuned on tiny)")
+    parser.add_argument("--eval-repeats", type=int, default=None, help="times each held-out index is played (default 2)")
+    parser.add_argument("--eval-temperature", type=float, default=None,
+                        help=f"sampling temperature of the evaluations (default {eval_temperature}; 0 is greedy)")
+    parser.add_argument("--rollout-temperature", type=float, default=None,
+                        help="sampling temperature of RL's rollouts (default: the config's, 1.0)")
+    parser.add_argument("--rl-lr", type=float, default=None, help="RL learning rate (default: the config's optim.lr)")
+    parser.add_argument("--sft-only", action="store_true", help="stop after evaluating the SFT model")
+
+
+def apply_warmup_rl_arguments(args: argparse.Namespace, params: dict[str, Any], name: str) -> tuple[Path, Path]:
+    """Check the shared options (one sentence and exit for a bad value) and set them in ``params``
+    (the RL ones in ``params["train_overrides"]``, which reach the training run only); returns the
+    work folder (created) and the result path."""
+
+    def checked(option: str, value: float | None, *, at_least: float | None = None) -> float | None:
+        if value is not None and (value < at_least if at_least is not None else value <= 0):
+            raise SystemExit(f"{option} {value}: must be " + (f"at least {at_least:g}" if at_least is not None
+                                                                else "positive"))
+        return value
+
+    if args.error_rate is not None and not 0.0 <= args.error_rate < 1.0:
+        raise SystemExit(f"--error-rate {args.error_rate}: must be at least 0 and below 1")
+    params["train_overrides"] = dict(params["train_overrides"])  # params is a shallow copy of FULL or QUICK
+    for key, value in (("budget_s", checked("--budget-s", args.budget_s)), ("size", args.size),
+                       ("error_rate", args.error_rate),
+                       ("sft_epochs", checked("--sft-epochs", args.sft_epochs, at_least=1)),
+                       ("sft_lr", checked("--sft-lr", args.sft_lr)),
+                       ("eval_repeats", checked("--eval-repeats", args.eval_repeats, at_least=1)),
+                       ("eval_temperature", checked("--eval-temperature", args.eval_temperature, at_least=0))):
+        if value is not None:
+            params[key] = value
+    if checked("--rollout-temperature", args.rollout_temperature) is not None:
+        params["train_overrides"]["rollout__temperature"] = args.rollout_temperature
+    if checked("--rl-lr", args.rl_lr) is not None:
+        params["train_overrides"]["optim__lr"] = args.rl_lr
+    if args.sft_model and not (Path(args.sft_model) / "config.json").is_file():
+        raise SystemExit(f"--sft-model {args.sft_model}: not a model folder (no config.json)")
+    work = Path(args.work) if args.work else ROOT / "runs" / f"{name}_bench{'_quick' if args.quick else ''}"
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) if args.out else RESULTS / f"{name}{'_quick' if args.quick else ''}.json"
+    return work, out
+
+
 def warmup_then_rl(benchmark: str, args: Any, params: dict[str, Any], *, work: Path, out: Path, config: Path,
                    train_task: dict[str, Any], prepare: Callable[[], dict[str, Any]],
                    describe_sft: Callable[[Path, Path], dict[str, Any]],

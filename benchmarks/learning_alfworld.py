@@ -55,9 +55,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning import (  # the learning benchmark's helpers
-    RESULTS,
     ROOT,
+    add_warmup_rl_arguments,
     agentrl,
+    apply_warmup_rl_arguments,
     repeat_summary,
     require_plotting,
     sets,
@@ -284,53 +285,23 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: check the plumbing, not the target")
-    parser.add_argument("--work", default=None, help="work folder (default runs/learning_alfworld_bench[_quick])")
-    parser.add_argument("--out", default=None,
-                        help="result JSON (default benchmarks/results/learning_alfworld[_quick].json)")
-    parser.add_argument("--budget-s", type=float, default=None, help="training time budget (default 1800)")
-    parser.add_argument("--size", default=None, help="agentrl model init size (default tiny)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default=None, help="start from this `agentrl model init` model (default: build one)")
-    parser.add_argument("--sft-model", default=None,
-                        help="skip model init, demonstrations and SFT: start RL from this SFT model")
-    parser.add_argument("--sft-run", nargs=2, metavar=("DEMOS", "RUN_DIR"), default=None,
-                        help="with --sft-model: the demonstrations it was trained on and its SFT run folder "
-                             "(sft_metrics.jsonl), described in the result")
+    add_warmup_rl_arguments(parser, "learning_alfworld",
+                            eval_temperature="the config's rollout.temperature, 1.0; a small model misspells fewer "
+                                             "names at 0.3")
     parser.add_argument("--demo-stride", type=int, default=None,
                         help="play and train on every N-th training game only (default 1: all 2,714)")
     parser.add_argument("--oracle", choices=("walkthrough", "search"), default=None,
                         help="what the demonstrations play (default walkthrough: straight to each object; search: "
                              "looks for it, as a player must)")
-    parser.add_argument("--error-rate", type=float, default=None,
-                        help="probability of a detour before each demonstrated step (default 0.3)")
-    parser.add_argument("--sft-epochs", type=int, default=None, help="SFT epochs over the demonstrations (default 1)")
-    parser.add_argument("--sft-lr", type=float, default=None,
-                        help="SFT learning rate (default: the config's sft.lr, 3e-3, tuned on tiny)")
-    parser.add_argument("--eval-repeats", type=int, default=None, help="times each held-out game is played (default 2)")
-    parser.add_argument("--eval-temperature", type=float, default=None,
-                        help="sampling temperature of the evaluations (default: the config's rollout.temperature, 1.0; "
-                             "0 is greedy; a small model misspells fewer names at 0.3)")
     parser.add_argument("--task-types", default=None,
                         help="comma-separated task types (e.g. pick_and_place_simple): demonstrations, RL and both "
                              "evaluations use only games of these (default: all six)")
     parser.add_argument("--seen-games", type=int, default=None,
                         help="training games evaluated beside the held-out ones (default 40; 0: none)")
-    parser.add_argument("--rollout-temperature", type=float, default=None,
-                        help="sampling temperature of RL's rollouts (default: the config's, 1.0)")
-    parser.add_argument("--rl-lr", type=float, default=None, help="RL learning rate (default: the config's optim.lr)")
-    parser.add_argument("--sft-only", action="store_true", help="stop after evaluating the SFT model")
     args = parser.parse_args()
     require_plotting()
     params = dict(QUICK if args.quick else FULL)
-    if args.budget_s is not None:
-        params["budget_s"] = args.budget_s
-    if args.size is not None:
-        params["size"] = args.size
-    if args.eval_temperature is not None:
-        if args.eval_temperature < 0:
-            raise SystemExit(f"--eval-temperature {args.eval_temperature}: must be 0 (greedy) or more")
-        params["eval_temperature"] = args.eval_temperature
+    work, out = apply_warmup_rl_arguments(args, params, "learning_alfworld")
     if args.oracle is not None:
         params["oracle"] = args.oracle
     if args.task_types is not None:
@@ -339,36 +310,10 @@ def main() -> int:
         if args.seen_games < 0:
             raise SystemExit(f"--seen-games {args.seen_games}: must be 0 or more")
         params["seen_games"] = args.seen_games
-    params["train_overrides"] = dict(params["train_overrides"])
-    if args.rollout_temperature is not None:
-        if args.rollout_temperature <= 0:
-            raise SystemExit(f"--rollout-temperature {args.rollout_temperature}: must be positive (RL samples)")
-        params["train_overrides"]["rollout__temperature"] = args.rollout_temperature
-    if args.rl_lr is not None:
-        if args.rl_lr <= 0:
-            raise SystemExit(f"--rl-lr {args.rl_lr}: must be positive")
-        params["train_overrides"]["optim__lr"] = args.rl_lr
-    if args.error_rate is not None:
-        if not 0.0 <= args.error_rate < 1.0:
-            raise SystemExit(f"--error-rate {args.error_rate}: must be at least 0 and below 1")
-        params["error_rate"] = args.error_rate
-    if args.sft_lr is not None:
-        if args.sft_lr <= 0:
-            raise SystemExit(f"--sft-lr {args.sft_lr}: must be positive")
-        params["sft_lr"] = args.sft_lr
-    for key in ("demo_stride", "sft_epochs", "eval_repeats"):
-        value = getattr(args, key)
-        if value is not None:
-            if value < 1:
-                raise SystemExit(f"--{key.replace('_', '-')} {value}: must be at least 1")
-            params[key] = value
-    if args.sft_model and not (Path(args.sft_model) / "config.json").is_file():
-        raise SystemExit(f"--sft-model {args.sft_model}: not a model folder (no config.json)")
-    work = Path(args.work) if args.work else ROOT / "runs" / (
-        "learning_alfworld_bench_quick" if args.quick else "learning_alfworld_bench")
-    work.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out) if args.out else RESULTS / (
-        "learning_alfworld_quick.json" if args.quick else "learning_alfworld.json")
+    if args.demo_stride is not None:
+        if args.demo_stride < 1:
+            raise SystemExit(f"--demo-stride {args.demo_stride}: must be at least 1")
+        params["demo_stride"] = args.demo_stride
 
     def report(ev: dict[str, Any]) -> str:
         return (", ".join(f"{n} {t['success']:.3f} ± {t['spread']:.3f}" for n, t in ev["tasks"].items())
@@ -385,6 +330,7 @@ def main() -> int:
                                                   model=Path(args.model) if args.model else None),
                           describe_sft=describe_sft, evaluate=evaluate, report=report, plot=plot,
                           target=TARGET_IMPROVEMENT)
+
 
 if __name__ == "__main__":
     sys.exit(main())

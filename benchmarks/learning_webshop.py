@@ -57,9 +57,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning import (  # the learning benchmark's helpers
-    RESULTS,
     ROOT,
+    add_warmup_rl_arguments,
     agentrl,
+    apply_warmup_rl_arguments,
     repeat_summary,
     require_plotting,
     sets,
@@ -284,71 +285,22 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def positive(name: str, value: float | None, *, at_least: float | None = None) -> float | None:
-    """``value`` of option ``name`` unless it is out of range (one sentence, then exit)."""
-    if value is not None and (value < at_least if at_least is not None else value <= 0):
-        raise SystemExit(f"{name} {value}: must be " + (f"at least {at_least:g}" if at_least is not None
-                                                          else "positive"))
-    return value
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: check the plumbing, not the target")
-    parser.add_argument("--work", default=None, help="work folder (default runs/learning_webshop_bench[_quick])")
-    parser.add_argument("--out", default=None,
-                        help="result JSON (default benchmarks/results/learning_webshop[_quick].json)")
-    parser.add_argument("--budget-s", type=float, default=None, help="training time budget (default 1800)")
-    parser.add_argument("--size", default=None, help="agentrl model init size (default tiny)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default=None, help="start from this `agentrl model init` model (default: build one)")
-    parser.add_argument("--sft-model", default=None,
-                        help="skip model init, demonstrations and SFT: start RL from this SFT model")
-    parser.add_argument("--sft-run", nargs=2, metavar=("DEMOS", "RUN_DIR"), default=None,
-                        help="with --sft-model: the demonstrations it was trained on and its SFT run folder "
-                             "(sft_metrics.jsonl), described in the result")
-    parser.add_argument("--error-rate", type=float, default=None,
-                        help="probability of a mistake per demonstrated step (default 0.3)")
-    parser.add_argument("--sft-epochs", type=int, default=None, help="SFT epochs over the won demonstrations (default 1)")
-    parser.add_argument("--sft-lr", type=float, default=None,
-                        help="SFT learning rate (default: the config's sft.lr, 3e-3, tuned on tiny)")
+    add_warmup_rl_arguments(parser, "learning_webshop", eval_temperature="0.3")
     parser.add_argument("--eval-limit", type=int, default=None, help="held-out goals evaluated (default 200 of 500)")
     parser.add_argument("--seen-goals", type=int, default=None,
                         help="training goals evaluated beside the held-out ones (default 100; 0: none)")
-    parser.add_argument("--eval-repeats", type=int, default=None, help="times each goal is played (default 2)")
-    parser.add_argument("--eval-temperature", type=float, default=None,
-                        help="sampling temperature of the evaluations (default 0.3; 0 is greedy)")
-    parser.add_argument("--rollout-temperature", type=float, default=None,
-                        help="sampling temperature of RL's rollouts (default: the config's, 1.0)")
-    parser.add_argument("--rl-lr", type=float, default=None, help="RL learning rate (default: the config's optim.lr)")
-    parser.add_argument("--sft-only", action="store_true", help="stop after evaluating the SFT model")
     args = parser.parse_args()
     require_plotting()
     params = dict(QUICK if args.quick else FULL)
-    params["train_overrides"] = dict(params["train_overrides"])
-    if args.error_rate is not None and not 0.0 <= args.error_rate < 1.0:
-        raise SystemExit(f"--error-rate {args.error_rate}: must be at least 0 and below 1")
-    for key, value in (("budget_s", positive("--budget-s", args.budget_s)), ("size", args.size),
-                       ("error_rate", args.error_rate),
-                       ("sft_epochs", positive("--sft-epochs", args.sft_epochs, at_least=1)),
-                       ("sft_lr", positive("--sft-lr", args.sft_lr)),
-                       ("eval_limit", positive("--eval-limit", args.eval_limit, at_least=1)),
-                       ("seen_goals", positive("--seen-goals", args.seen_goals, at_least=0)),
-                       ("eval_repeats", positive("--eval-repeats", args.eval_repeats, at_least=1)),
-                       ("eval_temperature", positive("--eval-temperature", args.eval_temperature, at_least=0))):
+    work, out = apply_warmup_rl_arguments(args, params, "learning_webshop")
+    for key, value, at_least in (("eval_limit", args.eval_limit, 1), ("seen_goals", args.seen_goals, 0)):
         if value is not None:
+            if value < at_least:
+                raise SystemExit(f"--{key.replace('_', '-')} {value}: must be at least {at_least}")
             params[key] = value
-    if positive("--rollout-temperature", args.rollout_temperature) is not None:
-        params["train_overrides"]["rollout__temperature"] = args.rollout_temperature
-    if positive("--rl-lr", args.rl_lr) is not None:
-        params["train_overrides"]["optim__lr"] = args.rl_lr
-    if args.sft_model and not (Path(args.sft_model) / "config.json").is_file():
-        raise SystemExit(f"--sft-model {args.sft_model}: not a model folder (no config.json)")
-    work = Path(args.work) if args.work else ROOT / "runs" / (
-        "learning_webshop_bench_quick" if args.quick else "learning_webshop_bench")
-    work.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out) if args.out else RESULTS / (
-        "learning_webshop_quick.json" if args.quick else "learning_webshop.json")
+
     scripted = scripted_shoppers(params["eval_split"], params["eval_limit"])
     print("scripted shoppers on the held-out goals: " + ", ".join(
         f"{name} success {v['success']:.3f} (reward {v['reward_mean']:.3f})" for name, v in scripted.items()), flush=True)
@@ -366,6 +318,7 @@ def main() -> int:
                                                   model=Path(args.model) if args.model else None),
                           describe_sft=describe_sft, evaluate=evaluate, report=report, plot=plot,
                           recorded={"scripted": scripted}, target=TARGET_IMPROVEMENT)
+
 
 if __name__ == "__main__":
     sys.exit(main())
