@@ -64,6 +64,7 @@ from learning import (  # the learning benchmark's helpers
     repeat_summary,
     require_plotting,
     sets,
+    warm_up,
     warmup_then_rl,
 )
 
@@ -124,27 +125,8 @@ def scripted_shoppers(split: str, limit: int | None) -> dict[str, dict[str, floa
 
 def prepare(work: Path, params: dict[str, Any], *, seed: int, model: Path | None) -> dict[str, Any]:
     """Model init (unless given), demonstrations of the training goals, SFT on the won ones."""
-    timings: dict[str, float] = {}
-    if model is None:
-        model = work / "model"
-        timings["model_init_s"] = agentrl(["model", "init", "--out", str(model), "--size", params["size"],
-                                           "--seed", str(seed)], work / "logs" / "model_init.log")["seconds"]
-    demos = work / "demos.jsonl"
-    limit = ["--limit", str(params["demo_limit"])] if params["demo_limit"] else []
-    timings["demos_s"] = agentrl(["demos", "--env", "webshop", "--split", TRAIN_SPLIT, *limit, "--concurrency", "16",
-                                  "--error-rate", str(params["error_rate"]), "--seed", str(seed),
-                                  "--config", str(CONFIG), "--out", str(demos)], work / "logs" / "demos.log")["seconds"]
-    sft_model = work / "sft_model"
-    timings["sft_s"] = agentrl(["sft", str(CONFIG), *sets(model__path=str(model), run__output_dir=str(work / "sft"),
-                                                          sft__data=[str(demos)], sft__output_dir=str(sft_model),
-                                                          sft__epochs=params["sft_epochs"], run__seed=seed,
-                                                          **({"sft__lr": params["sft_lr"]} if params["sft_lr"] else {}))],
-                               work / "logs" / "sft.log")["seconds"]
-    prepared = {"model": str(sft_model), **describe_sft(demos, work / "sft"), "timings": timings}
-    print(f"SFT model ready: {prepared['demos']} demonstrations ({prepared['demos_trained']} won and trained on, "
-          f"{prepared['trained_turns_mean']:.1f} turns on average), {prepared['sft_steps']} SFT steps, "
-          f"nll of the last 20 steps {prepared['sft_final_nll']:.3f}", flush=True)
-    return prepared
+    return warm_up(work, params, seed=seed, model=model, config=CONFIG, describe_sft=describe_sft,
+                   demos=["--env", "webshop", "--split", TRAIN_SPLIT, "--concurrency", "16"])
 
 
 def describe_sft(demos: Path, run_dir: Path) -> dict[str, Any]:
