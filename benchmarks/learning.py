@@ -422,7 +422,7 @@ def warmup_then_rl(benchmark: str, args: Any, params: dict[str, Any], *, work: P
           f"{' (interrupted at the budget)' if run['interrupted'] else ''}; "
           + ", ".join(f"{n} {before['tasks'][n]['success']:.3f} -> {after['tasks'][n]['success']:.3f} ({change[n]:+.3f})"
                       for n in change), flush=True)
-    checks = {f"{params['eval_split']}_improves_15pp": change[params["eval_split"]] >= target,
+    checks = {f"{params['eval_split']}_improves_{round(target * 100)}pp": change[params["eval_split"]] >= target,
               "within_30_min": run["train_command_s"] <= 1800 + 150}
     result = {"benchmark": benchmark, "quick": args.quick, **common,
               "params": {**common["params"], "targets": {"improvement_at_least": target}},

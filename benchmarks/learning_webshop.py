@@ -116,6 +116,9 @@ def scripted_shoppers(split: str, limit: int | None) -> dict[str, dict[str, floa
             site = Site(goal, shop.by_asin, shop.prices, shop.search, nouns=shop.nouns)
             site.search(instruction_keywords(goal["instruction_text"]))
             first_page = site.results[:10]
+            if not first_page:  # nothing found: nothing bought
+                found.append(0.0)
+                continue
             asin = goal["asin"] if name == "goal_product" and goal["asin"] in first_page else first_page[0]
             site.click(asin.lower())
             found.append(site.click("buy now").reward)
@@ -138,8 +141,8 @@ def describe_sft(demos: Path, run_dir: Path) -> dict[str, Any]:
             "demo_success": len(won) / max(len(records), 1),
             "demo_reward_mean": statistics.fmean(float(d["reward"]) for d in records) if records else None,
             "trained_turns_mean": statistics.fmean(d["metrics"]["rounds"] for d in won) if won else None,
-            # won runs that opened another product first or paged: what recovering looks like
-            "trained_with_detour": sum(d["metrics"]["rounds"] > 3 for d in won),
+            # won runs longer than search, open, buy: options picked, pages turned or a mistake undone
+            "trained_over_3_rounds": sum(d["metrics"]["rounds"] > 3 for d in won),
             "sft_steps": len(metrics),
             "sft_final_nll": statistics.fmean(m["nll"] for m in metrics[-20:]) if metrics else None}
 
